@@ -1,0 +1,53 @@
+"""HF Trainer / TRL console lines: `str(dict)` of the logged values, and OpenRLHF's step lines.
+
+`{'loss': '6.176', 'grad_norm': 4.2, 'kl': None, 'x': np.float64(0.1), 'epoch': 0.5}`
+A regex walks the key/value pairs; nothing is evaluated."""
+
+from __future__ import annotations
+
+import re
+
+from exporter.parsers.record import ParseError, Record
+from exporter.parsers.values import Skip, to_float
+
+# key: '...' or "..." (repr switches quotes when the key holds a '); value: up to the next , or }
+_PAIR = re.compile(r"""(?:'([^']*)'|"([^"]*)")\s*:\s*('[^']*'|"[^"]*"|[^,{}]*)""")
+# OpenRLHF logs `✨ Global step 12: {...}` through Python logging.
+_OPENRLHF = re.compile(r"Global step (\d+):\s*(\{.*)$")
+
+
+def parse_pairs(body: str, fmt: str, step: int | None = None) -> Record:
+    values: dict[str, float] = {}
+    skipped: dict[str, int] = {}
+    for k1, k2, raw in _PAIR.findall(body):
+        key = k1 or k2
+        try:
+            values[key] = to_float(raw)
+        except Skip as s:
+            skipped[s.reason] = skipped.get(s.reason, 0) + 1
+    if not values and not skipped:
+        raise ParseError("no_pairs", body[:80])
+    return Record(values=values, fmt=fmt, step=step, skipped=skipped)
+
+
+def parse_hf_dict(line: str) -> Record | None:
+    s = line.strip()
+    if not s.startswith("{'") and not s.startswith('{"'):
+        return None
+    if s.startswith('{"'):
+        return None  # JSON has its own parser; a repr key with a ' inside is too rare to guess at
+    if not s.endswith("}"):
+        raise ParseError("truncated", s[-40:])
+    return parse_pairs(s[1:-1], "hf_dict")
+
+
+def parse_openrlhf(line: str) -> Record | None:
+    if "Global step" not in line:
+        return None
+    m = _OPENRLHF.search(line)
+    if not m:
+        return None
+    body = m.group(2).rstrip()
+    if not body.endswith("}"):
+        raise ParseError("truncated", body[-40:])
+    return parse_pairs(body[1:-1], "openrlhf", step=int(m.group(1)))
