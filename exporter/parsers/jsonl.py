@@ -43,7 +43,7 @@ def parse_json_line(line: str) -> Record | None:
     try:
         obj = json.loads(s)
     except ValueError as e:
-        raise ParseError("bad_json", str(e)) from None
+        raise ParseError("bad_json", str(e), "jsonl") from None
     if not isinstance(obj, dict):
         return None
     values: dict[str, float] = {}
@@ -57,5 +57,5 @@ def parse_json_line(line: str) -> Record | None:
         flatten_numeric({k: v for k, v in obj.items() if k not in _STEP_KEYS}, "", values, skipped)
         fmt = "jsonl"
     if not values:
-        raise ParseError("no_numeric_values", s[:80])
+        raise ParseError("no_numeric_values", s[:80], "jsonl")
     return Record(values=values, fmt=fmt, step=step, skipped=skipped)

@@ -26,7 +26,7 @@ def parse_pairs(body: str, fmt: str, step: int | None = None) -> Record:
         except Skip as s:
             skipped[s.reason] = skipped.get(s.reason, 0) + 1
     if not values and not skipped:
-        raise ParseError("no_pairs", body[:80])
+        raise ParseError("no_pairs", body[:80], fmt)
     return Record(values=values, fmt=fmt, step=step, skipped=skipped)
 
 
@@ -37,7 +37,7 @@ def parse_hf_dict(line: str) -> Record | None:
     if s.startswith('{"'):
         return None  # JSON has its own parser; a repr key with a ' inside is too rare to guess at
     if not s.endswith("}"):
-        raise ParseError("truncated", s[-40:])
+        raise ParseError("truncated", s[-40:], "hf_dict")
     return parse_pairs(s[1:-1], "hf_dict")
 
 
@@ -49,5 +49,5 @@ def parse_openrlhf(line: str) -> Record | None:
         return None
     body = m.group(2).rstrip()
     if not body.endswith("}"):
-        raise ParseError("truncated", body[-40:])
+        raise ParseError("truncated", body[-40:], "openrlhf")
     return parse_pairs(body[1:-1], "openrlhf", step=int(m.group(1)))

@@ -45,6 +45,7 @@ def classify(values: dict[str, float]) -> RecordKind:
 class ParseError(Exception):
     """A line that is recognisably in a format but cannot be read; `reason` is a short label."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
+    def __init__(self, reason: str, detail: str = "", fmt: str = "unknown") -> None:
+        super().__init__(f"{fmt}: {reason}: {detail}" if detail else f"{fmt}: {reason}")
         self.reason = reason
+        self.fmt = fmt

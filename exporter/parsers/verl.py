@@ -22,7 +22,7 @@ def parse_verl_console(line: str) -> Record | None:
     for part in m.group(2).split(" - "):
         key, sep, raw = part.partition(":")
         if not sep:
-            raise ParseError("bad_pair", part[:60])
+            raise ParseError("bad_pair", part[:60], "verl_console")
         try:
             values[key.strip()] = to_float(raw)
         except Skip as s:

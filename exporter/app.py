@@ -1,0 +1,188 @@
+"""The exporter's state: its inputs, one RunState per run, and the loop that feeds them."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable
+
+from exporter.config import Config, LogSpec
+from exporter.instruments.keymap import KeyMap
+from exporter.instruments.run import RunLimits, RunState
+from exporter.parsers.chain import LineParserChain
+from exporter.parsers.record import ParseError
+from exporter.pipeline import ConsoleStream, IngestStats
+from exporter.sources.files import FileFollower, FollowStats
+from exporter.sources.stdin import StdinReader
+from exporter.sources.trainer_state import TrainerStateReader, looks_like_trainer_state
+
+log = logging.getLogger(__name__)
+
+# A record printed before its progress-bar redraw waits at most this long for it.
+REDRAW_WAIT_SECONDS = 2.0
+
+
+class Input:
+    """One log source bound to its run. `poll` reads what is new and ingests it."""
+
+    spec: LogSpec
+    follow: FollowStats
+
+    def poll(self) -> bool:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """End of input: ingest whatever is still held."""
+
+
+class FileInput(Input):
+    def __init__(self, spec: LogSpec, stream: ConsoleStream) -> None:
+        self.spec = spec
+        self.stream = stream
+        self.follower = FileFollower(spec.path)
+        self.follow = self.follower.stats
+
+    def poll(self) -> bool:
+        chunks = self.follower.poll()
+        for c in chunks:
+            self.stream.feed(c)
+        if not chunks:
+            self.stream.settle(REDRAW_WAIT_SECONDS)
+        return bool(chunks)
+
+    def finish(self) -> None:
+        self.stream.finish()
+
+
+class StdinInput(Input):
+    def __init__(self, spec: LogSpec, stream: ConsoleStream, reader: StdinReader | None = None) -> None:
+        self.spec = spec
+        self.stream = stream
+        self.reader = reader or StdinReader()
+        self.follow = FollowStats(up=True)
+        self._finished = False
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        chunks = self.reader.poll(timeout)
+        for c in chunks:
+            self.stream.feed(c)
+            self.follow.bytes_read += len(c)
+        if self.reader.closed and not self._finished:
+            self._finished = True
+            self.follow.up = False
+            self.stream.finish()  # the trainer is gone: nothing more will complete a held line
+        elif not chunks:
+            self.stream.settle(REDRAW_WAIT_SECONDS)
+        return bool(chunks)
+
+    @property
+    def closed(self) -> bool:
+        return self.reader.closed
+
+
+class TrainerStateInput(Input):
+    def __init__(self, spec: LogSpec, run: RunState, stats: IngestStats) -> None:
+        self.spec = spec
+        self.run = run
+        self.stats = stats
+        self.reader = TrainerStateReader(spec.path)
+        self.follow = FollowStats()
+
+    def poll(self) -> bool:
+        try:
+            records = self.reader.poll()
+        except ParseError as e:
+            self.stats.lines[e.fmt, "error"] += 1
+            self.stats.parse_errors[e.fmt, e.reason] += 1
+            records = []
+        self.follow.up = self.reader.up
+        for rec in records:
+            self.stats.lines["trainer_state", "record"] += 1
+            self.run.ingest(rec)
+        return bool(records)
+
+
+class Exporter:
+    def __init__(self, cfg: Config, specs: Iterable[LogSpec]) -> None:
+        self.cfg = cfg
+        self.lock = threading.Lock()
+        self.keymap = KeyMap(cfg.aliases)
+        self.runs: dict[str, RunState] = {}
+        self.stats: dict[str, IngestStats] = {}
+        self.inputs: list[Input] = [self._input(s) for s in specs]
+        self.heartbeat = time.monotonic()
+
+    def run_state(self, name: str) -> RunState:
+        if name not in self.runs:
+            limits = RunLimits(max_keys=self.cfg.max_keys, history_limit=self.cfg.history_limit)
+            self.runs[name] = RunState(name, self.keymap, limits)
+            self.stats[name] = IngestStats()
+        return self.runs[name]
+
+    def _input(self, spec: LogSpec) -> Input:
+        run = self.run_state(spec.run)
+        stats = self.stats[spec.run]
+        if spec.format == "trainer_state" or (spec.format == "auto" and looks_like_trainer_state(spec.path)):
+            return TrainerStateInput(spec, run, stats)
+        stream = ConsoleStream(run, stats, LineParserChain(spec.format, self.cfg.formats))
+        return StdinInput(spec, stream) if spec.path == "-" else FileInput(spec, stream)
+
+    def poll_once(self) -> bool:
+        got = False
+        with self.lock:
+            for inp in self.inputs:
+                got |= inp.poll()
+            self.heartbeat = time.monotonic()
+        return got
+
+    def read_to_end(self) -> None:
+        """`dump`: every input to its end, then everything held is ingested."""
+        for inp in self.inputs:
+            if isinstance(inp, StdinInput):
+                while not inp.closed:
+                    inp.poll(timeout=0.5)
+            else:
+                inp.poll()
+                inp.finish()
+
+    def follow_forever(self, stop: threading.Event) -> None:
+        wake = threading.Event()
+        observer = _watch(self.inputs, wake)
+        try:
+            while not stop.is_set():
+                self.poll_once()
+                wake.wait(self.cfg.poll_interval_seconds)
+                wake.clear()
+        finally:
+            if observer is not None:
+                observer.stop()
+
+
+def _watch(inputs: list[Input], wake: threading.Event):
+    """File-system events wake the loop early; polling at poll_interval stays as the fallback."""
+    dirs = {os.path.dirname(os.path.abspath(i.spec.path)) for i in inputs if i.spec.path != "-"}
+    dirs = {d for d in dirs if os.path.isdir(d)}
+    if not dirs:
+        return None
+    try:
+        from watchdog.events import FileSystemEventHandler
+        from watchdog.observers import Observer
+    except ImportError:  # pragma: no cover - watchdog is a dependency; polling still works
+        return None
+
+    class _Wake(FileSystemEventHandler):
+        def on_any_event(self, event) -> None:
+            wake.set()
+
+    observer = Observer()
+    try:
+        for d in dirs:
+            observer.schedule(_Wake(), d, recursive=False)
+        observer.daemon = True
+        observer.start()
+    except OSError as e:  # inotify limits reached, say: polling alone is enough
+        log.info("file events unavailable (%s); polling every interval", e)
+        return None
+    return observer

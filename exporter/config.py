@@ -1,0 +1,171 @@
+"""The YAML config: run labels, log files and their formats, key aliases, limits.
+
+Validated at start; every error names the field to fix (`logs[0].format: ...`)."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from exporter.instruments.keymap import INSTRUMENTS
+from exporter.parsers.chain import BUILTIN_FORMATS, FILE_FORMATS
+from exporter.parsers.userregex import RegexFormat
+
+DEFAULT_PORT = 9847
+DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
+_LABEL_VALUE = re.compile(r"^[^\s{}]+$")
+_ALIAS_TARGET = re.compile(r"^(?P<i>[a-z_]+)(?:\{(?P<l>[a-z_]+)=(?P<v>[^}]+)\})?$")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class LogSpec:
+    path: str
+    run: str
+    format: str = "auto"
+
+
+@dataclass
+class Config:
+    logs: list[LogSpec] = field(default_factory=list)
+    listen_address: str = DEFAULT_LISTEN
+    poll_interval_seconds: float = 1.0
+    formats: list[RegexFormat] = field(default_factory=list)
+    aliases: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    max_keys: int = 500
+    history_limit: int = 2048
+    run: str | None = None  # default run label
+
+
+def default_run_name(path: str) -> str:
+    if path == "-":
+        return "stdin"
+    stem = os.path.basename(path).split(".")[0]
+    return stem or "run"
+
+
+def load_config(path: str | None) -> Config:
+    if path is None:
+        return Config()
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config {path} is not valid YAML: {e}") from None
+    return parse_config(raw if raw is not None else {})
+
+
+def _expect(cond: bool, where: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{where}: {msg}")
+
+
+def _number(raw: dict, key: str, default: float, *, integer: bool = False, minimum: float = 0) -> Any:
+    if key not in raw:
+        return default
+    v = raw[key]
+    ok = isinstance(v, int) if integer else isinstance(v, int | float)
+    _expect(ok and not isinstance(v, bool), key, f"must be {'an integer' if integer else 'a number'}, got {v!r}")
+    _expect(v > minimum, key, f"must be greater than {minimum}, got {v!r}")
+    return v
+
+
+KNOWN_KEYS = {"run", "listen_address", "poll_interval_seconds", "logs", "formats", "aliases", "limits"}
+
+
+def parse_config(raw: Any) -> Config:
+    _expect(isinstance(raw, dict), "config", "must be a mapping of settings")
+    unknown = sorted(set(raw) - KNOWN_KEYS)
+    _expect(not unknown, unknown[0] if unknown else "", f"unknown setting (known: {', '.join(sorted(KNOWN_KEYS))})")
+    cfg = Config()
+    if "run" in raw:
+        _expect(isinstance(raw["run"], str) and bool(raw["run"]), "run", "must be a non-empty string")
+        cfg.run = raw["run"]
+    if "listen_address" in raw:
+        cfg.listen_address = parse_listen_address(str(raw["listen_address"]), "listen_address")[2]
+    cfg.poll_interval_seconds = _number(raw, "poll_interval_seconds", 1.0)
+    cfg.formats = _formats(raw.get("formats", []))
+    names = set(BUILTIN_FORMATS) | FILE_FORMATS | {"auto"} | {f.name for f in cfg.formats}
+    cfg.logs = _logs(raw.get("logs", []), names, cfg.run)
+    cfg.aliases = _aliases(raw.get("aliases", {}))
+    limits = raw.get("limits", {})
+    _expect(isinstance(limits, dict), "limits", "must be a mapping")
+    unknown = sorted(set(limits) - {"max_keys", "history_limit"})
+    _expect(not unknown, f"limits.{unknown[0]}" if unknown else "", "unknown setting (known: max_keys, history_limit)")
+    cfg.max_keys = _number(limits, "max_keys", 500, integer=True)
+    cfg.history_limit = _number(limits, "history_limit", 2048, integer=True, minimum=1)
+    return cfg
+
+
+def _formats(raw: Any) -> list[RegexFormat]:
+    _expect(isinstance(raw, list), "formats", "must be a list of {name, pattern}")
+    out = []
+    for i, f in enumerate(raw):
+        where = f"formats[{i}]"
+        _expect(isinstance(f, dict) and {"name", "pattern"} <= set(f), where, "needs `name` and `pattern`")
+        name, pattern = f["name"], f["pattern"]
+        _expect(isinstance(name, str) and name not in BUILTIN_FORMATS and name not in ("auto", "trainer_state"),
+                f"{where}.name", f"{name!r} is not a free format name")
+        try:
+            rx = re.compile(str(pattern))
+        except re.error as e:
+            raise ConfigError(f"{where}.pattern: not a valid regular expression: {e}") from None
+        groups = set(rx.groupindex) - {"step"}
+        _expect(bool(groups), f"{where}.pattern",
+                "needs named groups: one per metric ((?P<loss>...)), or `key` and `value`")
+        out.append(RegexFormat(name, rx))
+    return out
+
+
+def _logs(raw: Any, formats: set[str], default_run: str | None) -> list[LogSpec]:
+    _expect(isinstance(raw, list), "logs", "must be a list of {path, run, format}")
+    out = []
+    for i, entry in enumerate(raw):
+        where = f"logs[{i}]"
+        if isinstance(entry, str):
+            entry = {"path": entry}
+        _expect(isinstance(entry, dict) and isinstance(entry.get("path"), str), where, "needs a `path` string")
+        unknown = sorted(set(entry) - {"path", "run", "format"})
+        _expect(not unknown, f"{where}.{unknown[0]}" if unknown else "", "unknown setting (known: path, run, format)")
+        fmt = entry.get("format", "auto")
+        _expect(fmt in formats, f"{where}.format", f"unknown format {fmt!r} (known: {', '.join(sorted(formats))})")
+        run = entry.get("run", default_run or default_run_name(entry["path"]))
+        _expect(isinstance(run, str) and bool(_LABEL_VALUE.match(run)), f"{where}.run",
+                "must be a non-empty string without spaces or braces")
+        out.append(LogSpec(entry["path"], run, fmt))
+    return out
+
+
+def _aliases(raw: Any) -> dict[str, tuple[str, str | None]]:
+    _expect(isinstance(raw, dict), "aliases", "must map a trainer key to an instrument, e.g. {my/kl: kl}")
+    out: dict[str, tuple[str, str | None]] = {}
+    for key, target in raw.items():
+        m = _ALIAS_TARGET.match(str(target))
+        where = f"aliases[{key!r}]"
+        _expect(bool(m), where, f"{target!r} is not `instrument` or `instrument{{label=value}}`")
+        inst = INSTRUMENTS.get(m["i"])
+        _expect(inst is not None, where, f"unknown instrument {m['i']!r} (known: {', '.join(INSTRUMENTS)})")
+        if inst.label:
+            _expect(m["l"] == inst.label, where, f"{m['i']} needs its label: {m['i']}{{{inst.label}=...}}")
+        else:
+            _expect(m["l"] is None, where, f"{m['i']} takes no label")
+        out[str(key)] = (m["i"], m["v"])
+    return out
+
+
+def parse_listen_address(text: str, where: str = "--listen-address") -> tuple[str, int, str]:
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "", text
+    _expect(port.isdigit() and 0 <= int(port) <= 65535, where, f"{text!r} is not HOST:PORT (e.g. 0.0.0.0:{DEFAULT_PORT})")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port), f"{host}:{port}"

@@ -1,0 +1,125 @@
+"""Renders the exporter's state as Prometheus metric families on each scrape.
+
+Values are computed when records arrive; a scrape only copies them out under the lock."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter import __version__
+from exporter.app import Exporter
+from exporter.instruments.keymap import INSTRUMENTS
+
+
+def _labelled_gauge(name: str, doc: str) -> Metric:
+    # Series of one family carry different sub-labels (component, bound, ...), so samples are
+    # added one by one instead of through a fixed label list.
+    return Metric(name, doc, "gauge")
+
+
+class ExporterCollector(Collector):
+    def __init__(self, exporter: Exporter) -> None:
+        self.exporter = exporter
+
+    def collect(self) -> Iterator[Metric]:
+        with self.exporter.lock:
+            yield from self._training()
+            yield from self._health()
+
+    def _training(self) -> Iterator[Metric]:
+        ex = self.exporter
+        step = GaugeMetricFamily("posttrain_step", "Last training step logged.", labels=["run"])
+        finished = GaugeMetricFamily("posttrain_run_finished",
+                                     "1 once the trainer printed its end-of-training summary.", labels=["run"])
+        families: dict[str, Metric] = {}
+        last_step = _labelled_gauge("posttrain_instrument_last_step",
+                                    "Training step at which each instrument was last logged.")
+        passthrough = GaugeMetricFamily("posttrain_metric", "Every numeric key a trainer logged, unchanged, "
+                                        "last value (training, evaluation and summary records).",
+                                        labels=["run", "key"])
+        for name, run in ex.runs.items():
+            if run.step >= 0:
+                step.add_metric([name], run.step)
+            finished.add_metric([name], 1.0 if run.finished else 0.0)
+            for (inst_name, label_value), s in sorted(run.series.items(), key=_series_order):
+                if s.last_step < 0:
+                    continue
+                inst = INSTRUMENTS[inst_name]
+                fam = families.get(inst_name)
+                if fam is None:
+                    fam = families[inst_name] = _labelled_gauge(inst.metric, inst.help)
+                labels = {"run": name}
+                if inst.label:
+                    labels[inst.label] = label_value or ""
+                fam.add_sample(inst.metric, labels, s.last_value)
+                last_step.add_sample(last_step.name, {**labels, "instrument": inst_name}, s.last_step)
+            for key, value in run.passthrough.items():
+                passthrough.add_metric([name, key], value)
+        yield step
+        yield finished
+        yield from families.values()
+        yield last_step
+        yield passthrough
+
+    def _health(self) -> Iterator[Metric]:
+        ex = self.exporter
+        p = "posttrain_exporter_"
+        lines = CounterMetricFamily(p + "lines", "Lines (and progress-bar draws) read, by format and outcome "
+                                    "(record, progress, unmatched, error).", labels=["run", "format", "outcome"])
+        errors = CounterMetricFamily(p + "parse_errors", "Lines that looked like a format but could not be "
+                                     "read, by reason.", labels=["run", "format", "reason"])
+        records = CounterMetricFamily(p + "records", "Records ingested, by kind (train, eval, summary).",
+                                      labels=["run", "kind"])
+        last = GaugeMetricFamily(p + "last_record_timestamp_seconds", "Unix time of the last record "
+                                 "(stall detection: time() minus this).", labels=["run"])
+        dropped = CounterMetricFamily(p + "keys_dropped", "Values of pass-through keys dropped because the "
+                                      "run reached limits.max_keys distinct keys.", labels=["run"])
+        skipped = CounterMetricFamily(p + "values_skipped", "Logged values that were not numbers (None, "
+                                      "strings), by reason.", labels=["run", "reason"])
+        resets = CounterMetricFamily(p + "history_resets", "Times a run's step went backwards (resumed from "
+                                     "a checkpoint) and its history was cut back.", labels=["run"])
+        for name, run in ex.runs.items():
+            st = ex.stats[name]
+            for (fmt, outcome), n in sorted(st.lines.items()):
+                lines.add_metric([name, fmt, outcome], n)
+            for (fmt, reason), n in sorted(st.parse_errors.items()):
+                errors.add_metric([name, fmt, reason], n)
+            for kind in ("train", "eval", "summary"):
+                records.add_metric([name, kind], run.records[kind])
+            if run.last_record_time:
+                last.add_metric([name], run.last_record_time)
+            dropped.add_metric([name], run.keys_dropped)
+            for reason, n in sorted(run.values_skipped.items()):
+                skipped.add_metric([name, reason], n)
+            resets.add_metric([name], run.resets)
+        up = GaugeMetricFamily(p + "source_up", "1 when the log source exists and could be read at the last "
+                               "poll.", labels=["run", "path"])
+        rotations = CounterMetricFamily(p + "source_rotations", "Log files replaced under the same path "
+                                        "(rename or delete and recreate).", labels=["run", "path"])
+        truncations = CounterMetricFamily(p + "source_truncations", "Log files that shrank (copytruncate) "
+                                          "and were read again from the start.", labels=["run", "path"])
+        read_errors = CounterMetricFamily(p + "source_read_errors", "Failed reads of a log source.",
+                                          labels=["run", "path"])
+        read_bytes = CounterMetricFamily(p + "source_read_bytes", "Bytes read from a log source.",
+                                         labels=["run", "path"])
+        for inp in ex.inputs:
+            lv = [inp.spec.run, inp.spec.path]
+            up.add_metric(lv, 1.0 if inp.follow.up else 0.0)
+            rotations.add_metric(lv, inp.follow.rotations)
+            truncations.add_metric(lv, inp.follow.truncations)
+            read_errors.add_metric(lv, inp.follow.read_errors)
+            read_bytes.add_metric(lv, inp.follow.bytes_read)
+        info = GaugeMetricFamily(p + "build_info", "Version of the exporter, value 1.",
+                                 labels=["version", "python_version"])
+        info.add_metric([__version__, platform.python_version()], 1.0)
+        yield from (lines, errors, records, last, dropped, skipped, resets)
+        yield from (up, rotations, truncations, read_errors, read_bytes, info)
+
+
+def _series_order(item: tuple[tuple[str, str | None], object]) -> tuple[str, str]:
+    (inst, lv), _ = item
+    return inst, lv or ""

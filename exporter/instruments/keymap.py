@@ -1,0 +1,211 @@
+"""The one table that maps each trainer's key names to the canonical instruments.
+
+Rules, dashboards, the chart and docs/metrics.md all depend on the canonical names defined here;
+docs/metrics.md is generated from this module (scripts/gen_metrics_doc.py) and a test keeps the two
+in step. Keys that look alike but mean different things are mapped apart on purpose:
+- verl `actor/ppo_kl`, OpenRLHF `ppo_kl` and TRL PPO `policy/approxkl_avg` compare the policy
+  before and after an update; they feed `approx_kl`, never `kl` (KL to the reference policy).
+- DPO's `rewards/chosen|rejected|margins|accuracies` are not reward components.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+
+@dataclass(frozen=True)
+class Instrument:
+    name: str  # short name, used as the `instrument` label of derived series
+    help: str
+    seed: str  # the seed instrument it serves
+    label: str | None = None  # the sub-label of a family (component, bound, stat, kind)
+    unit: str = ""
+
+    @property
+    def metric(self) -> str:
+        return f"posttrain_{self.name}{'_' + self.unit if self.unit else ''}"
+
+
+INSTRUMENTS: dict[str, Instrument] = {
+    i.name: i
+    for i in [
+        Instrument("epoch", "Training epoch (fractional) of the last training record.", "fundamentals"),
+        Instrument("loss", "Training loss. In GRPO a surrogate objective: not a progress metric, watch it "
+                   "only for discontinuities.", "Part I fundamentals; Part III: loss is not a progress metric"),
+        Instrument("grad_norm", "Gradient norm before clipping.", "Part I fundamentals: gradient health"),
+        Instrument("learning_rate", "Learning rate of the last training step.", "Part I fundamentals"),
+        Instrument("reward", "Mean reward of the step's completions (PPO: the reward model's score).",
+                   "Part II instrument 9: reward dynamics"),
+        Instrument("reward_std", "Standard deviation of rewards within completion groups: the strength of "
+                   "the learning signal.", "Part III instrument 1: reward standard deviation"),
+        Instrument("reward_zero_std", "Fraction of completion groups whose rewards all tie (no advantage "
+                   "signal).", "Part III instrument 1: reward standard deviation", unit="ratio"),
+        Instrument("reward_component", "Mean of one reward function of a composite reward.",
+                   "Part III instrument 2: partial reward decomposition", label="component"),
+        Instrument("reward_component_std", "Standard deviation of one reward function within groups.",
+                   "Part III instrument 2: partial reward decomposition", label="component"),
+        Instrument("kl", "KL divergence between the policy and the reference policy.",
+                   "Part II instrument 10 / Part III instrument 6: KL divergence"),
+        Instrument("approx_kl", "Approximate KL between the policy before and after an update (not to the "
+                   "reference).", "Part II instrument 11: policy ratio and clip fraction"),
+        Instrument("entropy", "Mean token entropy of the policy.", "Part III instrument 5: entropy dynamics"),
+        Instrument("clip_ratio", "Fraction of tokens whose probability ratio was clipped, by bound "
+                   "(low, high, region, low_min, high_max).", "Part III instrument 4: the two faces of clipping",
+                   label="bound"),
+        Instrument("clip_fraction", "PPO clip fraction: share of updates where the ratio clip was active.",
+                   "Part II instrument 11: policy ratio and clip fraction"),
+        Instrument("policy_ratio", "Mean ratio of current to old policy probabilities (healthy near 1.0).",
+                   "Part II instrument 11: policy ratio and clip fraction"),
+        Instrument("value_loss", "Value-function loss (PPO critic).", "Part II dashboard: value function"),
+        Instrument("completion_length", "Completion length in tokens, by statistic (mean, min, max, "
+                   "mean_terminated, min_terminated, max_terminated, std).",
+                   "Part II instrument 12 / Part III instrument 3: generation length dynamics", label="stat"),
+        Instrument("completion_truncated", "Fraction of completions cut at the maximum length.",
+                   "Part III instrument 3: completion length dynamics (truncation)", unit="ratio"),
+        Instrument("dpo_reward", "DPO implicit reward, by kind (chosen, rejected, margin).",
+                   "Part II instrument 9: reward dynamics (DPO)", label="kind"),
+        Instrument("dpo_accuracy", "Fraction of pairs where the chosen response is preferred.",
+                   "Part II instrument 9: reward dynamics (DPO)", unit="ratio"),
+        Instrument("ppo_reward", "PPO reward terms, by kind (rlhf = score + non_score; non_score = the KL "
+                   "penalty).", "Part II instrument 9: reward dynamics (PPO)", label="kind"),
+        Instrument("token_accuracy", "Mean token accuracy on the training batch (SFT, DPO).",
+                   "Part I fundamentals", unit="ratio"),
+        Instrument("step_time", "Wall time of one training step as the trainer measured it.",
+                   "002: GPU behaviour, step time", unit="seconds"),
+    ]
+}
+
+
+@dataclass(frozen=True)
+class KeyRule:
+    """One framework key (or key pattern) and where it goes.
+
+    Lower `priority` wins when one record holds several keys for the same series."""
+
+    key: str  # exact key, or a regex when `pattern` is set
+    instrument: str
+    label_value: str | None = None  # fixed sub-label; a pattern's `v` group otherwise
+    frameworks: str = ""
+    priority: int = 0
+    pattern: bool = False
+    note: str = ""
+
+
+_DPO_REWARD_NAMES = "chosen|rejected|margins|accuracies"
+
+KEY_RULES: list[KeyRule] = [
+    KeyRule("epoch", "epoch", frameworks="HF Trainer (all TRL trainers)"),
+    KeyRule("training/epoch", "epoch", frameworks="verl", priority=1),
+    KeyRule("loss", "loss", frameworks="HF Trainer (all TRL trainers)"),
+    KeyRule("actor/pg_loss", "loss", frameworks="verl", priority=1),
+    KeyRule("policy_loss", "loss", frameworks="OpenRLHF; TRL GRPO (some versions, beside `loss`)", priority=2),
+    KeyRule("loss/policy_avg", "loss", frameworks="TRL PPO", priority=3),
+    KeyRule("grad_norm", "grad_norm", frameworks="HF Trainer"),
+    KeyRule("actor/grad_norm", "grad_norm", frameworks="verl", priority=1),
+    KeyRule("actor_grad_norm", "grad_norm", frameworks="OpenRLHF", priority=2),
+    KeyRule("learning_rate", "learning_rate", frameworks="HF Trainer"),
+    KeyRule("lr", "learning_rate", frameworks="TRL PPO", priority=1),
+    KeyRule("actor/lr", "learning_rate", frameworks="verl", priority=2),
+    KeyRule("actor_lr", "learning_rate", frameworks="OpenRLHF", priority=3),
+    KeyRule("reward", "reward", frameworks="TRL GRPO, RLOO; OpenRLHF"),
+    KeyRule("objective/scores", "reward", frameworks="TRL PPO (raw reward-model score)", priority=1),
+    KeyRule("critic/score/mean", "reward", frameworks="verl (sequence score before KL penalty)", priority=2),
+    KeyRule("reward_std", "reward_std", frameworks="TRL GRPO, RLOO"),
+    KeyRule("group_reward_std", "reward_std", frameworks="OpenRLHF", priority=1),
+    KeyRule("frac_reward_zero_std", "reward_zero_std", frameworks="TRL GRPO, RLOO"),
+    KeyRule(rf"rewards/(?P<v>(?!(?:{_DPO_REWARD_NAMES})$).+)/mean", "reward_component",
+            frameworks="TRL GRPO, RLOO (`rewards/<func>/mean`)", pattern=True),
+    KeyRule(rf"rewards/(?P<v>(?!(?:{_DPO_REWARD_NAMES})$)[^/]+)", "reward_component",
+            frameworks="TRL GRPO before the /mean suffix (`rewards/<func>`)", pattern=True, priority=1,
+            note="DPO's rewards/chosen|rejected|margins|accuracies are excluded"),
+    KeyRule(r"rewards/(?P<v>.+)/std", "reward_component_std", frameworks="TRL GRPO, RLOO", pattern=True),
+    KeyRule("kl", "kl", frameworks="TRL GRPO (beta > 0), KTO (reference-point estimate); OpenRLHF"),
+    KeyRule("objective/kl", "kl", frameworks="TRL PPO", priority=1),
+    KeyRule("actor/kl_loss", "kl", frameworks="verl (use_kl_loss)", priority=2),
+    KeyRule("policy/approxkl_avg", "approx_kl", frameworks="TRL PPO"),
+    KeyRule("actor/ppo_kl", "approx_kl", frameworks="verl", priority=1),
+    KeyRule("ppo_kl", "approx_kl", frameworks="OpenRLHF", priority=2),
+    KeyRule("entropy", "entropy", frameworks="TRL GRPO, SFT, DPO"),
+    KeyRule("objective/entropy", "entropy", frameworks="TRL PPO", priority=1),
+    KeyRule("policy/entropy_avg", "entropy", frameworks="TRL PPO", priority=2),
+    KeyRule("actor/entropy", "entropy", frameworks="verl", priority=3),
+    KeyRule("actor/entropy_loss", "entropy", frameworks="verl (older name)", priority=4),
+    KeyRule("entropy_loss", "entropy", frameworks="OpenRLHF", priority=5),
+    KeyRule("clip_ratio/low_mean", "clip_ratio", "low", frameworks="TRL GRPO, RLOO"),
+    KeyRule("clip_ratio/high_mean", "clip_ratio", "high", frameworks="TRL GRPO, RLOO"),
+    KeyRule("clip_ratio/region_mean", "clip_ratio", "region", frameworks="TRL GRPO, RLOO"),
+    KeyRule("clip_ratio/low_min", "clip_ratio", "low_min", frameworks="TRL GRPO, RLOO"),
+    KeyRule("clip_ratio/high_max", "clip_ratio", "high_max", frameworks="TRL GRPO, RLOO"),
+    KeyRule("clip_ratio", "clip_ratio", "region", frameworks="TRL GRPO before the low/high split", priority=1),
+    KeyRule("policy/clipfrac_avg", "clip_fraction", frameworks="TRL PPO"),
+    KeyRule("actor/pg_clipfrac", "clip_fraction", frameworks="verl", priority=1),
+    KeyRule("ppo_clip_ratio", "clip_fraction", frameworks="OpenRLHF", priority=2),
+    KeyRule("val/ratio", "policy_ratio", frameworks="TRL PPO"),
+    KeyRule("loss/value_avg", "value_loss", frameworks="TRL PPO"),
+    KeyRule("critic/vf_loss", "value_loss", frameworks="verl", priority=1),
+    KeyRule("critic_loss", "value_loss", frameworks="OpenRLHF", priority=2),
+    KeyRule("completions/mean_length", "completion_length", "mean", frameworks="TRL GRPO, RLOO"),
+    KeyRule("completions/min_length", "completion_length", "min", frameworks="TRL GRPO, RLOO"),
+    KeyRule("completions/max_length", "completion_length", "max", frameworks="TRL GRPO, RLOO"),
+    KeyRule("completions/mean_terminated_length", "completion_length", "mean_terminated",
+            frameworks="TRL GRPO, RLOO"),
+    KeyRule("completions/min_terminated_length", "completion_length", "min_terminated",
+            frameworks="TRL GRPO, RLOO"),
+    KeyRule("completions/max_terminated_length", "completion_length", "max_terminated",
+            frameworks="TRL GRPO, RLOO"),
+    KeyRule("completions/length_std", "completion_length", "std",
+            frameworks="the seeds' callback key (within-group std); TRL 1.16 does not log it"),
+    KeyRule("completion_length", "completion_length", "mean", frameworks="TRL GRPO (older name)", priority=1),
+    KeyRule("response_length/mean", "completion_length", "mean", frameworks="verl", priority=2),
+    KeyRule("response_length/min", "completion_length", "min", frameworks="verl", priority=2),
+    KeyRule("response_length/max", "completion_length", "max", frameworks="verl", priority=2),
+    KeyRule("response_length", "completion_length", "mean", frameworks="OpenRLHF", priority=3),
+    KeyRule("completions/clipped_ratio", "completion_truncated", frameworks="TRL GRPO, RLOO"),
+    KeyRule("response_length/clip_ratio", "completion_truncated", frameworks="verl", priority=1),
+    KeyRule("rewards/chosen", "dpo_reward", "chosen", frameworks="TRL DPO, KTO"),
+    KeyRule("rewards/rejected", "dpo_reward", "rejected", frameworks="TRL DPO, KTO"),
+    KeyRule("rewards/margins", "dpo_reward", "margin", frameworks="TRL DPO, KTO"),
+    KeyRule("rewards/accuracies", "dpo_accuracy", frameworks="TRL DPO"),
+    KeyRule("acc_mean", "dpo_accuracy", frameworks="OpenRLHF DPO", priority=1),
+    KeyRule("objective/rlhf_reward", "ppo_reward", "rlhf", frameworks="TRL PPO"),
+    KeyRule("objective/non_score_reward", "ppo_reward", "non_score", frameworks="TRL PPO"),
+    KeyRule("mean_token_accuracy", "token_accuracy", frameworks="TRL SFT, DPO"),
+    KeyRule("step_time", "step_time", frameworks="TRL GRPO, RLOO"),
+    KeyRule("timing_s/step", "step_time", frameworks="verl", priority=1),
+    KeyRule("perf/time_per_step", "step_time", frameworks="verl", priority=2),
+    KeyRule("timing/step_total", "step_time", frameworks="OpenRLHF", priority=3),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where one key lands: an instrument series (instrument, sub-label value) and its priority."""
+
+    instrument: str
+    label_value: str | None
+    priority: int
+
+
+class KeyMap:
+    """Resolves keys to canonical targets; config aliases come first. Results are cached per key."""
+
+    def __init__(self, aliases: dict[str, tuple[str, str | None]] | None = None) -> None:
+        self._aliases = {k: Target(i, lv, -1) for k, (i, lv) in (aliases or {}).items()}
+        self._exact = {r.key: r for r in KEY_RULES if not r.pattern}
+        self._patterns = [(re.compile(r.key + "$"), r) for r in KEY_RULES if r.pattern]
+        self.resolve = lru_cache(maxsize=4096)(self._resolve)
+
+    def _resolve(self, key: str) -> Target | None:
+        if key in self._aliases:
+            return self._aliases[key]
+        rule = self._exact.get(key)
+        if rule is not None:
+            return Target(rule.instrument, rule.label_value, rule.priority)
+        for rx, rule in self._patterns:
+            m = rx.match(key)
+            if m:
+                return Target(rule.instrument, m.group("v") if "v" in rx.groupindex else rule.label_value,
+                              rule.priority)
+        return None
