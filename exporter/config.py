@@ -166,6 +166,7 @@ def parse_listen_address(text: str, where: str = "--listen-address") -> tuple[st
     host, sep, port = text.rpartition(":")
     if not sep:
         host, port = "", text
-    _expect(port.isdigit() and 0 <= int(port) <= 65535, where, f"{text!r} is not HOST:PORT (e.g. 0.0.0.0:{DEFAULT_PORT})")
+    ok = port.isdigit() and 0 <= int(port) <= 65535
+    _expect(ok, where, f"{text!r} is not HOST:PORT (e.g. 0.0.0.0:{DEFAULT_PORT})")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port), f"{host}:{port}"
