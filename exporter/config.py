@@ -60,7 +60,10 @@ def load_config(path: str | None) -> Config:
     except OSError as e:
         raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"config {path} is not valid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or "syntax error"
+        raise ConfigError(f"config {path} is not valid YAML{where}: {problem}") from None
     return parse_config(raw if raw is not None else {})
 
 

@@ -1,0 +1,59 @@
+"""Shared test fixtures: the real TRL logs in ../shared/fixtures and the external binaries.
+
+In CI (CI=true) a missing fixture folder or binary is an error, never a silent skip."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(os.environ.get("POSTTRAIN_FIXTURES", REPO.parent / "shared" / "fixtures"))
+TRL = FIXTURES / "trl"
+TRL_RUNS = ["sft", "sft_notqdm", "dpo", "grpo", "grpo_saturated"]
+CAPTURES = ["stdout.log", "combined.log", "combined_unbuffered.log", "tty.log"]
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        if IN_CI:
+            pytest.fail(f"{name} is not installed: .ci/run must install it (end-to-end tests never skip in CI)")
+        pytest.skip(f"{name} not installed")
+    return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fixtures_present() -> None:
+    if not TRL.is_dir():
+        pytest.fail(f"real TRL fixtures not found at {TRL}; set POSTTRAIN_FIXTURES to the fixtures folder")
+
+
+def fixture_captures() -> list[tuple[str, str]]:
+    return [(run, cap) for run in TRL_RUNS for cap in CAPTURES if (TRL / run / cap).exists()]
+
+
+def trainer_state(run: str) -> list[dict]:
+    return json.loads((TRL / run / "trainer_state.json").read_text())["log_history"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def exporter_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "exporter", *args]
+
+
+def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(exporter_cmd(*args), input=stdin, capture_output=True, timeout=timeout, cwd=REPO)

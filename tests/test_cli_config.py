@@ -1,0 +1,119 @@
+"""Configuration and command-line errors stop the program at start with one line that says what to fix."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from conftest import TRL, free_port, run_cli
+
+from exporter.config import ConfigError, parse_config
+from exporter.instruments.keymap import KeyMap
+from exporter.instruments.run import RunLimits, RunState
+from exporter.parsers.record import Record
+
+
+def one_line_error(res) -> str:
+    err = res.stderr.decode().strip()
+    assert res.returncode == 2 and "\n" not in err and err.startswith("posttrain-exporter:"), err
+    return err
+
+
+def test_bad_flag() -> None:
+    assert "--nope" in one_line_error(run_cli("serve", "--nope"))
+
+
+def test_missing_log_for_dump() -> None:
+    err = one_line_error(run_cli("dump", "/nonexistent/train.log"))
+    assert "cannot read log /nonexistent/train.log" in err
+
+
+def test_no_log_at_all() -> None:
+    assert "--log PATH" in one_line_error(run_cli("serve"))
+
+
+def test_unreadable_config(tmp_path) -> None:
+    assert "cannot read config" in one_line_error(run_cli("dump", "x.log", "--config", str(tmp_path / "none.yaml")))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("logs: [\n")
+    assert "not valid YAML" in one_line_error(run_cli("dump", "x.log", "--config", str(bad)))
+
+
+def test_config_error_names_the_field(tmp_path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("logs:\n  - path: /logs/train.log\n    format: tensorboard\n")
+    assert "logs[0].format: unknown format 'tensorboard'" in one_line_error(run_cli("serve", "--config", str(cfg)))
+
+
+def test_port_in_use() -> None:
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        err = one_line_error(run_cli("serve", "--log", "x.log", "--listen-address", f"127.0.0.1:{port}"))
+    assert f"cannot listen on 127.0.0.1:{port}" in err
+
+
+def test_bad_listen_address() -> None:
+    assert "is not HOST:PORT" in one_line_error(run_cli("serve", "--log", "x.log", "--listen-address", "localhost"))
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [({"lgos": []}, "lgos: unknown setting"),
+     ({"logs": [{"path": "/a", "run": "has space"}]}, "logs[0].run"),
+     ({"formats": [{"name": "x", "pattern": "("}]}, "formats[0].pattern: not a valid regular expression"),
+     ({"formats": [{"name": "x", "pattern": "loss (\\S+)"}]}, "formats[0].pattern: needs named groups"),
+     ({"aliases": {"my/kl": "kullback"}}, "aliases['my/kl']: unknown instrument 'kullback'"),
+     ({"aliases": {"my/r": "reward_component"}}, "reward_component needs its label"),
+     ({"limits": {"max_keys": "many"}}, "max_keys: must be an integer"),
+     ({"limits": {"history_limit": 0}}, "history_limit: must be greater than 1"),
+     ({"poll_interval_seconds": -1}, "poll_interval_seconds: must be greater than 0")],
+)
+def test_config_validation(raw: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=field.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
+        parse_config(raw)
+
+
+def test_config_aliases_and_user_format_work_end_to_end(tmp_path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "run: my-run\n"
+        "formats:\n  - name: plain\n    pattern: 'iter (?P<step>\\d+) my_kl=(?P<my_kl>\\S+) acc=(?P<acc>\\S+)'\n"
+        "aliases:\n  my_kl: kl\n  acc: reward_component{component=accuracy}\n"
+    )
+    log = tmp_path / "t.log"
+    log.write_text("iter 1 my_kl=0.5 acc=0.25\niter 2 my_kl=1.5 acc=0.5\nnoise\n")
+    res = run_cli("dump", str(log), "--config", str(cfg))
+    out = res.stdout.decode()
+    assert res.returncode == 0
+    assert 'posttrain_kl{run="my-run"} 1.5' in out
+    assert 'posttrain_reward_component{component="accuracy",run="my-run"} 0.5' in out
+    assert 'posttrain_exporter_lines_total{format="none",outcome="unmatched",run="my-run"} 1.0' in out
+
+
+def test_passthrough_keys_are_capped_and_counted() -> None:
+    run = RunState("r", KeyMap(), RunLimits(max_keys=3))
+    run.ingest(Record({"a": 1, "b": 2, "c": 3, "d": 4}, "jsonl", step=1))
+    run.ingest(Record({"a": 5, "e": 6}, "jsonl", step=2))
+    assert run.passthrough == {"a": 5, "b": 2, "c": 3} and run.keys_dropped == 2
+
+
+def test_key_alikes_are_kept_apart() -> None:
+    km = KeyMap()
+    assert km.resolve("actor/ppo_kl").instrument == "approx_kl"
+    assert km.resolve("actor/kl_loss").instrument == "kl"
+    assert km.resolve("rewards/chosen").instrument == "dpo_reward"
+    assert km.resolve("rewards/format_reward").label_value == "format_reward"  # old GRPO name
+    assert km.resolve("rewards/format_reward/std").instrument == "reward_component_std"
+    assert km.resolve("completion_length").label_value == "mean"
+
+
+def test_bad_lines_are_counted_and_good_ones_around_them_kept(tmp_path) -> None:
+    good = [ln for ln in (TRL / "grpo" / "stdout.log").read_text().splitlines() if ln.startswith("{'loss'")][:3]
+    log = tmp_path / "t.log"
+    log.write_text(f"{good[0]}\n{{'loss': '0.5', 'kl\n{{\"step\": 2, \"loss\": oops}}\n{good[1]}\n\x00\xff garbage\n")
+    out = run_cli("dump", str(log), "--run", "r").stdout.decode()
+    assert 'posttrain_exporter_parse_errors_total{format="hf_dict",reason="truncated",run="r"} 1.0' in out
+    assert 'posttrain_exporter_parse_errors_total{format="jsonl",reason="bad_json",run="r"} 1.0' in out
+    assert 'posttrain_exporter_records_total{kind="train",run="r"} 2.0' in out
