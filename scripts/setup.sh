@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Prepares a fresh machine: the Debian packages the end-to-end tests and benchmark use
+# (prometheus + promtool, alertmanager, mtail) and a virtual environment with the exporter.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v promtool >/dev/null || missing+=(prometheus)
+command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
+command -v mtail >/dev/null || missing+=(mtail)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: need Debian packages ${missing[*]}: run as root or 'sudo apt-get install ${missing[*]}'" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[test]'
