@@ -11,7 +11,7 @@ DOC = (REPO / "docs" / "metrics.md").read_text(encoding="utf-8")
 
 
 def test_metrics_doc_is_up_to_date() -> None:
-    assert DOC == render(), "docs/metrics.md is stale: run `python scripts/gen_metrics_doc.py`"
+    assert render() == DOC, "docs/metrics.md is stale: run `python scripts/gen_metrics_doc.py`"
 
 
 def test_every_family_of_a_real_dump_is_documented() -> None:
