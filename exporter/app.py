@@ -117,7 +117,7 @@ class Exporter:
     def run_state(self, name: str) -> RunState:
         if name not in self.runs:
             limits = RunLimits(max_keys=self.cfg.max_keys, history_limit=self.cfg.history_limit)
-            self.runs[name] = RunState(name, self.keymap, limits)
+            self.runs[name] = RunState(name, self.keymap, limits, self.cfg.derived)
             self.stats[name] = IngestStats()
         return self.runs[name]
 

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from exporter.instruments.keymap import INSTRUMENTS
+from exporter.instruments.settings import THRESHOLD_NAMES, DerivedSettings, Thresholds, WindowSpec
 from exporter.parsers.chain import BUILTIN_FORMATS, FILE_FORMATS
 from exporter.parsers.userregex import RegexFormat
 
@@ -42,6 +43,7 @@ class Config:
     max_keys: int = 500
     history_limit: int = 2048
     run: str | None = None  # default run label
+    derived: DerivedSettings = field(default_factory=DerivedSettings)
 
 
 def default_run_name(path: str) -> str:
@@ -72,17 +74,20 @@ def _expect(cond: bool, where: str, msg: str) -> None:
         raise ConfigError(f"{where}: {msg}")
 
 
-def _number(raw: dict, key: str, default: float, *, integer: bool = False, minimum: float = 0) -> Any:
+def _number(raw: dict, key: str, default: float, *, integer: bool = False, minimum: float = 0,
+            section: str = "") -> Any:
     if key not in raw:
         return default
     v = raw[key]
+    where = f"{section}.{key}" if section else key
     ok = isinstance(v, int) if integer else isinstance(v, int | float)
-    _expect(ok and not isinstance(v, bool), key, f"must be {'an integer' if integer else 'a number'}, got {v!r}")
-    _expect(v > minimum, key, f"must be greater than {minimum}, got {v!r}")
+    _expect(ok and not isinstance(v, bool), where, f"must be {'an integer' if integer else 'a number'}, got {v!r}")
+    _expect(v > minimum, where, f"must be greater than {minimum}, got {v!r}")
     return v
 
 
-KNOWN_KEYS = {"run", "listen_address", "poll_interval_seconds", "logs", "formats", "aliases", "limits"}
+KNOWN_KEYS = {"run", "listen_address", "poll_interval_seconds", "logs", "formats", "aliases", "limits", "windows",
+              "thresholds", "baselines"}
 
 
 def parse_config(raw: Any) -> Config:
@@ -104,9 +109,56 @@ def parse_config(raw: Any) -> Config:
     _expect(isinstance(limits, dict), "limits", "must be a mapping")
     unknown = sorted(set(limits) - {"max_keys", "history_limit"})
     _expect(not unknown, f"limits.{unknown[0]}" if unknown else "", "unknown setting (known: max_keys, history_limit)")
-    cfg.max_keys = _number(limits, "max_keys", 500, integer=True)
-    cfg.history_limit = _number(limits, "history_limit", 2048, integer=True, minimum=1)
+    cfg.max_keys = _number(limits, "max_keys", 500, integer=True, section="limits")
+    cfg.history_limit = _number(limits, "history_limit", 2048, integer=True, minimum=1, section="limits")
+    cfg.derived = _derived(raw)
     return cfg
+
+
+def _section(raw: dict, name: str, known: set[str]) -> dict:
+    sec = raw.get(name, {})
+    _expect(isinstance(sec, dict), name, "must be a mapping")
+    unknown = sorted(set(sec) - known)
+    known_list = ", ".join(sorted(known))
+    _expect(not unknown, f"{name}.{unknown[0]}" if unknown else "", f"unknown setting (known: {known_list})")
+    return sec
+
+
+def _window(raw: dict, where: str, base: WindowSpec) -> WindowSpec:
+    _expect(isinstance(raw, dict), where, "must be a mapping of size and min_points")
+    unknown = sorted(set(raw) - {"size", "min_points", "per_instrument"})
+    _expect(not unknown, f"{where}.{unknown[0]}" if unknown else "", "unknown setting (known: size, min_points)")
+    size = _number(raw, "size", base.size, integer=True, minimum=1, section=where)
+    min_points = _number(raw, "min_points", base.min_points, integer=True, minimum=1, section=where)
+    _expect(min_points <= size, f"{where}.min_points", f"must not exceed size ({size}), got {min_points}")
+    return WindowSpec(size, min_points)
+
+
+def _derived(raw: dict) -> DerivedSettings:
+    windows = _section(raw, "windows", {"size", "min_points", "per_instrument"})
+    default = _window(windows, "windows", WindowSpec())
+    per = windows.get("per_instrument", {})
+    _expect(isinstance(per, dict), "windows.per_instrument", "must map an instrument to {size, min_points}")
+    per_instrument = {}
+    for inst, spec in per.items():
+        _expect(inst in INSTRUMENTS, f"windows.per_instrument.{inst}",
+                f"unknown instrument (known: {', '.join(INSTRUMENTS)})")
+        per_instrument[inst] = _window(spec, f"windows.per_instrument.{inst}", default)
+    th = _section(raw, "thresholds", set(THRESHOLD_NAMES))
+    values = {}
+    for name in th:
+        v = th[name]
+        ok = isinstance(v, int | float) and not isinstance(v, bool)
+        _expect(ok, f"thresholds.{name}", f"must be a number, got {v!r}")
+        values[name] = float(v)
+    thresholds = Thresholds(**values)
+    _expect(thresholds.kl_warning <= thresholds.kl_critical, "thresholds.kl_warning", "must not exceed kl_critical")
+    base = _section(raw, "baselines", {"completion_length", "points"})
+    length = None
+    if "completion_length" in base:
+        length = _number(base, "completion_length", 0.0, section="baselines")
+    points = _number(base, "points", 10, integer=True, section="baselines")
+    return DerivedSettings(default, per_instrument, thresholds, length, points)
 
 
 def _formats(raw: Any) -> list[RegexFormat]:

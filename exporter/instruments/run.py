@@ -7,8 +7,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from exporter.instruments.keymap import KeyMap
+from exporter.instruments.derived import DerivedState
+from exporter.instruments.keymap import INSTRUMENTS, KeyMap
 from exporter.instruments.series import Series
+from exporter.instruments.settings import DerivedSettings
 from exporter.parsers.record import Record, RecordKind
 
 SeriesKey = tuple[str, str | None]  # (instrument, sub-label value)
@@ -25,6 +27,7 @@ class RunState:
     name: str
     keymap: KeyMap
     limits: RunLimits = field(default_factory=RunLimits)
+    settings: DerivedSettings = field(default_factory=DerivedSettings)
     series: dict[SeriesKey, Series] = field(default_factory=dict)
     passthrough: dict[str, float] = field(default_factory=dict)
     step: int = -1  # last training step
@@ -34,6 +37,10 @@ class RunState:
     keys_dropped: int = 0
     values_skipped: Counter[str] = field(default_factory=Counter)  # by reason
     resets: int = 0
+    derived: DerivedState = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.derived = DerivedState(self.settings, {n: i.label for n, i in INSTRUMENTS.items()})
 
     def ingest(self, rec: Record) -> None:
         assert rec.step is not None, "records reach a run with a step"
@@ -51,11 +58,16 @@ class RunState:
             self._rewind(rec.step)
         self.step = rec.step
         self.finished = False
-        for key, value in self._canonical(rec.values).items():
+        updated = self._canonical(rec.values)
+        for key, value in updated.items():
             s = self.series.get(key)
             if s is None:
-                s = self.series[key] = Series(self.limits.history_limit)
+                window = self.settings.window_for(key[0]).size
+                s = self.series[key] = Series(self.limits.history_limit, window)
             s.add(rec.step, value)
+        finite = {k: v for k, v in updated.items() if math.isfinite(v)}
+        if finite:
+            self.derived.on_record(self.series, finite, rec.step)
 
     def _canonical(self, values: dict[str, float]) -> dict[SeriesKey, float]:
         chosen: dict[SeriesKey, tuple[int, float]] = {}
@@ -81,6 +93,7 @@ class RunState:
         self.resets += 1
         for s in self.series.values():
             s.cut_back(step)
+        self.derived.rebuild(self.series)
 
     @property
     def seconds_since_record(self) -> float:

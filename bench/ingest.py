@@ -1,0 +1,443 @@
+"""Ingest benchmark: posttrain-exporter against mtail on the same large TRL console log.
+
+Both tools read the same file, in the same run, to its end, as child processes:
+
+- exporter: `posttrain-exporter dump LOG` (reads the file to its end, prints the exposition);
+- mtail:    `mtail --one_shot --one_shot_format prometheus --progs bench/trl_keys.mtail --logs LOG`
+            (reads the file from its start to EOF, prints its metric store, exits).
+
+For each: wall time of the whole process (start to exit), user+sys CPU time from the child's own
+rusage (os.wait4 on that child; getrusage(RUSAGE_CHILDREN) would sum every child so far), and
+peak RSS from GNU time's %M (/usr/bin/time launches the tool; see run_child for why the rusage
+figure taken straight from this Python process is not used when GNU time is there).
+
+Lines: the number of non-empty segments of the file when it is split on '\\r\\n', '\\r' and
+'\\n'. A tqdm bar redraw, a clear, a warning line and a metric dict each count as one. It is a
+property of the file, the same count for both tools: lines/s = segments / wall seconds. mtail
+itself splits on '\\n' only (a '\\n' line holds many '\\r' redraws); that count is reported too.
+
+The run fails (exit 1) unless both tools extracted every key of the GRPO training lines, with the
+same last values, and saw every dict line; the exporter must also show one run that reached the
+final step with no history reset.
+
+    .venv/bin/python bench/ingest.py                     # makes bench/out/trl_big.log if missing
+    .venv/bin/python bench/ingest.py --repeat 3 --json bench/out/ingest.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+BENCH = Path(__file__).resolve().parent
+DEFAULT_LOG = BENCH / "out" / "trl_big.log"
+DEFAULT_PROG = BENCH / "trl_keys.mtail"
+TARGET_RATIO = 2.0
+
+# Every numeric key of the GRPO fixture's training dict lines (what both tools must extract).
+TRL_KEYS: tuple[str, ...] = (
+    "loss", "grad_norm", "learning_rate", "num_tokens",
+    "completions/mean_length", "completions/min_length", "completions/max_length", "completions/clipped_ratio",
+    "completions/mean_terminated_length", "completions/min_terminated_length",
+    "completions/max_terminated_length",
+    "rewards/format_reward/mean", "rewards/format_reward/std",
+    "rewards/length_reward/mean", "rewards/length_reward/std",
+    "rewards/correctness_reward/mean", "rewards/correctness_reward/std",
+    "reward", "reward_std", "frac_reward_zero_std", "kl", "entropy",
+    "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
+    "clip_ratio/high_max", "step_time", "epoch",
+)  # fmt: skip
+
+
+def mtail_name(key: str) -> str:
+    """The gauge trl_keys.mtail declares for a key: '/' is not allowed in metric names."""
+    return "trl_" + key.replace("/", "_")
+
+
+class BenchError(Exception):
+    pass
+
+
+# --- the file -------------------------------------------------------------------------------------
+
+_TERM = b"\r\n"
+# Every byte that is not a terminator becomes 'x', terminators become '\n': a non-empty segment
+# then starts exactly where b"\nx" occurs (or at the file's first byte).
+_SEGMENT_TABLE = bytes(0x0A if b in _TERM else 0x78 for b in range(256))
+
+
+@dataclass
+class LogCounts:
+    bytes: int
+    segments: int  # non-empty pieces between \r\n, \r and \n
+    newline_lines: int  # pieces between \n (mtail's lines)
+
+
+def count_lines(path: Path, chunk: int = 16 << 20) -> LogCounts:
+    """One pass over the file (which also brings it into the page cache for both tools)."""
+    size = segments = newlines = 0
+    prev = b"\n"
+    last = b"\n"
+    with open(path, "rb") as f:
+        while data := f.read(chunk):
+            size += len(data)
+            newlines += data.count(b"\n")
+            t = data.translate(_SEGMENT_TABLE)
+            segments += (prev + t).count(b"\nx")
+            prev = t[-1:]
+            last = data[-1:]
+    if last != b"\n":
+        newlines += 1  # an unterminated last line is still a line
+    return LogCounts(size, segments, newlines)
+
+
+def training_keys_in_log(path: Path, limit: int = 4 << 20) -> set[str]:
+    """Keys of the training dict lines (those with 'loss') in the first `limit` bytes of the log."""
+    with open(path, "rb") as f:
+        head = f.read(limit).decode("utf-8", "replace")
+    keys: set[str] = set()
+    for line in re.split(r"\r\n|\r|\n", head):
+        i = line.find("{'loss': ")
+        if i >= 0:
+            keys.update(re.findall(r"'([^']+)': '", line[i:]))
+    return keys
+
+
+# --- running one tool -----------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    wall_s: float
+    cpu_s: float  # user + sys
+    peak_rss_kib: int
+    stdout: str = field(repr=False, default="")
+
+
+GNU_TIME = "/usr/bin/time"
+
+
+def run_child(cmd: list[str], workdir: Path, name: str, gnu_time: str | None) -> RunResult:
+    """Run `cmd` to its end; wall time from here, CPU and peak RSS from the child's rusage.
+
+    Peak RSS: a forked child's ru_maxrss starts from its parent's high-water mark at the fork (the
+    kernel carries the old address space's peak over at exec), so measured straight from this
+    Python process it can never read below this process's own RSS. With GNU time as the launcher
+    the floor is time's own ~1 MiB: its %M is the tool's own peak. Without it, the wait4 figure
+    is reported and `rss_floor_kib` says how much of it may be this process."""
+    out_path, err_path, rss_path = (workdir / f"{name}.{x}" for x in ("out", "err", "rss"))
+    full = [gnu_time, "-f", "%M", "-o", str(rss_path), *cmd] if gnu_time else cmd
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        _, status, ru = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+    if proc.returncode != 0:
+        tail = err_path.read_text(errors="replace")[-2000:]
+        raise BenchError(f"{name} exited with {proc.returncode}: {' '.join(cmd)}\n{tail}")
+    rss = ru.ru_maxrss
+    if gnu_time:
+        lines = rss_path.read_text().split()
+        if not lines or not lines[-1].isdigit():
+            raise BenchError(f"{gnu_time} wrote no peak RSS for {name}: {rss_path.read_text()!r}")
+        rss = int(lines[-1])
+    return RunResult(wall, ru.ru_utime + ru.ru_stime, rss, out_path.read_text(errors="replace"))
+
+
+def samples(exposition: str) -> list[tuple[str, dict[str, str], float]]:
+    return [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(exposition) for s in fam.samples]
+
+
+@dataclass
+class Extracted:
+    values: dict[str, float]  # key -> last value
+    dict_lines: float  # dict lines the tool counted as read
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def exporter_extracted(exposition: str) -> Extracted:
+    values: dict[str, float] = {}
+    extra: dict[str, float] = {}
+    dict_lines = 0.0
+    for name, labels, value in samples(exposition):
+        if name == "posttrain_metric":
+            values[labels["key"]] = value
+        elif name == "posttrain_exporter_lines_total" and labels.get("format") == "hf_dict":
+            if labels.get("outcome") == "record":
+                dict_lines = value
+            else:
+                extra[f"hf_dict_{labels.get('outcome')}"] = value
+        elif name in ("posttrain_step", "posttrain_loss", "posttrain_exporter_history_resets_total"):
+            extra[name] = value
+    return Extracted(values, dict_lines, extra)
+
+
+def mtail_extracted(exposition: str) -> Extracted:
+    by_name = {name: value for name, _, value in samples(exposition)}
+    values = {k: by_name[mtail_name(k)] for k in TRL_KEYS if mtail_name(k) in by_name}
+    return Extracted(values, by_name.get("trl_dict_lines_total", 0.0))
+
+
+def same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def verify(exp: Extracted, mt: Extracted, final_step: int | None) -> list[str]:
+    """Problems found; empty when both tools extracted every key, with the same last values."""
+    problems: list[str] = []
+    if not exp.values or exp.dict_lines == 0:
+        problems.append("exporter extracted nothing (no posttrain_metric samples, no hf_dict records)")
+    if not mt.values or mt.dict_lines == 0:
+        problems.append("mtail extracted nothing (no trl_* gauges set, trl_dict_lines_total is 0)")
+    for k in TRL_KEYS:
+        a, b = exp.values.get(k), mt.values.get(k)
+        if a is None:
+            problems.append(f"exporter: key {k!r} missing (posttrain_metric{{key={k!r}}})")
+        if b is None:
+            problems.append(f"mtail: key {k!r} missing ({mtail_name(k)})")
+        if a is not None and b is not None and not same(a, b):
+            problems.append(f"key {k!r}: exporter last value {a!r} != mtail {b!r}")
+    if exp.dict_lines != mt.dict_lines:
+        problems.append(f"dict lines read: exporter {exp.dict_lines:.0f} != mtail {mt.dict_lines:.0f}")
+    loss = exp.extra.get("posttrain_loss")
+    if loss is None or "loss" not in mt.values or not same(loss, mt.values["loss"]):
+        problems.append(f"posttrain_loss {loss!r} != mtail trl_loss {mt.values.get('loss')!r}")
+    if final_step is not None and exp.extra.get("posttrain_step") != final_step:
+        problems.append(f"exporter posttrain_step {exp.extra.get('posttrain_step')!r} != final step {final_step}")
+    if exp.extra.get("posttrain_exporter_history_resets_total", 0.0) != 0:
+        problems.append("exporter saw the step go backwards (history reset): the log is not one run")
+    return problems
+
+
+# --- the machine ----------------------------------------------------------------------------------
+
+
+def machine(mtail: str) -> dict[str, str | int]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ver = subprocess.run([mtail, "--version"], capture_output=True, text=True, check=False)
+    mtail_version = (ver.stdout or ver.stderr).strip().splitlines()[0] if (ver.stdout or ver.stderr) else "?"
+    return {
+        "nproc": os.cpu_count() or 0,
+        "nproc_available": len(os.sched_getaffinity(0)),
+        "cpu_model": cpu,
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "mtail": mtail_version,
+        "kernel": platform.release(),
+    }
+
+
+# --- main -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Side:
+    name: str
+    runs: list[RunResult] = field(default_factory=list)
+
+    @property
+    def wall_s(self) -> float:
+        return statistics.median(r.wall_s for r in self.runs)
+
+    @property
+    def cpu_s(self) -> float:
+        return statistics.median(r.cpu_s for r in self.runs)
+
+    @property
+    def peak_rss_mib(self) -> float:
+        return max(r.peak_rss_kib for r in self.runs) / 1024
+
+    def summary(self, counts: LogCounts, keys: int) -> dict[str, float | int | list[float]]:
+        return {
+            "wall_s_median": round(self.wall_s, 3),
+            "wall_s_runs": [round(r.wall_s, 3) for r in self.runs],
+            "cpu_s_median": round(self.cpu_s, 3),
+            "lines_per_s": round(counts.segments / self.wall_s),
+            "newline_lines_per_s": round(counts.newline_lines / self.wall_s),
+            "mb_per_s": round(counts.bytes / 1e6 / self.wall_s, 2),
+            "lines_per_cpu_s": round(counts.segments / self.cpu_s),
+            "peak_rss_mib": round(self.peak_rss_mib, 1),
+            "keys_extracted": keys,
+        }
+
+
+def ensure_log(log: Path, size_mb: float | None, regenerate: bool) -> None:
+    if log.exists() and not regenerate:
+        return
+    cmd = [sys.executable, str(BENCH / "make_log.py"), "-o", str(log)]
+    if size_mb is not None:
+        cmd += ["--size-mb", str(size_mb)]
+    subprocess.run(cmd, check=True)
+
+
+def default_exporter() -> str:
+    beside = Path(sys.executable).parent / "posttrain-exporter"
+    return str(beside) if beside.exists() else (shutil.which("posttrain-exporter") or "posttrain-exporter")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="posttrain-exporter vs mtail: ingest speed and memory on one log")
+    p.add_argument("--log", type=Path, default=DEFAULT_LOG,
+                   help=f"log to read (default {DEFAULT_LOG}; made if missing)")
+    p.add_argument("--size-mb", type=float, default=None, help="size when the log is made (default: make_log's)")
+    p.add_argument("--regenerate", action="store_true", help="make the log again even if it exists")
+    p.add_argument("--repeat", type=int, default=3, help="runs of each tool, alternating; medians are reported")
+    p.add_argument("--exporter", default=default_exporter(), help="posttrain-exporter executable")
+    p.add_argument("--mtail", default=shutil.which("mtail") or "/usr/bin/mtail", help="mtail executable")
+    p.add_argument("--prog", type=Path, default=DEFAULT_PROG, help=f"mtail program (default {DEFAULT_PROG})")
+    p.add_argument("--time", dest="gnu_time", default=GNU_TIME if os.access(GNU_TIME, os.X_OK) else None,
+                   help=f"GNU time, to launch the tools and read their peak RSS (default {GNU_TIME} when "
+                   "installed; '' measures with wait4 alone)")
+    p.add_argument("--json", type=Path, metavar="OUT", help="write the results as JSON to OUT")
+    args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
+    try:
+        return run(args)
+    except BenchError as e:
+        print(f"FAIL: {e}", file=sys.stderr)
+        return 1
+
+
+def run(args: argparse.Namespace) -> int:
+    log: Path = args.log.resolve()
+    ensure_log(log, args.size_mb, args.regenerate)
+    meta_path = Path(str(log) + ".meta.json")
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    final_step = meta.get("final_step")
+
+    check = subprocess.run([args.mtail, "--compile_only", "--logtostderr", "--progs", str(args.prog)],
+                           capture_output=True, text=True, check=False)
+    if check.returncode != 0:
+        raise BenchError(f"mtail program {args.prog} does not compile:\n{check.stderr[-2000:]}")
+    declared = set(re.findall(r"^gauge (\w+)", args.prog.read_text(), re.M))
+    missing = [k for k in TRL_KEYS if mtail_name(k) not in declared]
+    if missing:
+        raise BenchError(f"{args.prog} declares no gauge for {missing}")
+    in_log = training_keys_in_log(log)
+    if in_log != set(TRL_KEYS):
+        raise BenchError(f"the log's training keys differ from the benchmark's: only in the log "
+                         f"{sorted(in_log - set(TRL_KEYS))}, missing from the log {sorted(set(TRL_KEYS) - in_log)}")
+
+    info = machine(args.mtail)
+    t0 = time.perf_counter()
+    counts = count_lines(log)
+    count_s = time.perf_counter() - t0
+
+    exp_cmd = [args.exporter, "dump", str(log)]
+    mt_cmd = [args.mtail, "--one_shot", "--one_shot_format", "prometheus", "--progs", str(args.prog),
+              "--logs", str(log), "--logtostderr", "--address", "127.0.0.1", "--port", "0"]
+    exporter, mtail = Side("exporter"), Side("mtail")
+    print(f"log: {log} ({counts.bytes / 1e6:.1f} MB, {counts.segments:,} lines, counted in {count_s:.1f}s)",
+          file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="ingest-bench-") as tmp:
+        for i in range(args.repeat):
+            for side, cmd in ((exporter, exp_cmd), (mtail, mt_cmd)):
+                r = run_child(cmd, Path(tmp), side.name, args.gnu_time or None)
+                side.runs.append(r)
+                print(f"  run {i + 1}/{args.repeat} {side.name:8s} {r.wall_s:7.2f}s wall "
+                      f"{r.cpu_s:7.2f}s cpu {r.peak_rss_kib / 1024:8.1f} MiB", file=sys.stderr)
+
+    exp_x = exporter_extracted(exporter.runs[-1].stdout)
+    mt_x = mtail_extracted(mtail.runs[-1].stdout)
+    problems = verify(exp_x, mt_x, final_step)
+    ex_keys = sum(k in exp_x.values for k in TRL_KEYS)
+    mt_keys = sum(k in mt_x.values for k in TRL_KEYS)
+    ratio = exporter.wall_s and (counts.segments / exporter.wall_s) / (counts.segments / mtail.wall_s)
+
+    results = {
+        "machine": info,
+        "log": {"path": str(log), **asdict(counts), "meta": meta},
+        "line_definition": "non-empty segments of the file split on \\r\\n, \\r and \\n",
+        "repeat": args.repeat,
+        "rss_method": f"GNU time %M ({args.gnu_time})" if args.gnu_time else "os.wait4 ru_maxrss",
+        "rss_floor_kib": 0 if args.gnu_time else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        "commands": {"exporter": exp_cmd, "mtail": mt_cmd},
+        "exporter": exporter.summary(counts, ex_keys),
+        "mtail": mtail.summary(counts, mt_keys),
+        "ratio_lines_per_s": round(ratio, 3),
+        "target_ratio": TARGET_RATIO,
+        "target_met": ratio >= TARGET_RATIO and not problems,
+        "checks": {
+            "keys": len(TRL_KEYS),
+            "dict_lines_exporter": exp_x.dict_lines,
+            "dict_lines_mtail": mt_x.dict_lines,
+            "posttrain_step": exp_x.extra.get("posttrain_step"),
+            "final_step": final_step,
+            "last_loss_exporter": exp_x.extra.get("posttrain_loss"),
+            "last_loss_mtail": mt_x.values.get("loss"),
+            "problems": problems,
+        },
+    }
+    print_table(results)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    if problems:
+        print("FAIL: the tools did not both extract every key:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 1
+    return 0
+
+
+def print_table(r: dict) -> None:
+    m, lg, e, t = r["machine"], r["log"], r["exporter"], r["mtail"]
+    print()
+    mtail_short = m["mtail"].replace("mtail version ", "mtail ").split(" git revision")[0]
+    print(f"machine: {m['nproc']} cores ({m['nproc_available']} available), {m['cpu_model']}, {m['python']}, "
+          f"{mtail_short}")
+    print(f"log:     {lg['path']}: {lg['bytes'] / 1e6:.1f} MB, {lg['segments']:,} lines "
+          f"(\\r/\\n segments), {lg['newline_lines']:,} \\n-lines")
+    print(f"runs:    {r['repeat']} of each tool, alternating; wall and CPU are medians, RSS the maximum "
+          f"({r['rss_method']})")
+    if r["rss_floor_kib"]:
+        print(f"         without GNU time a child's peak RSS reads at least this script's own "
+              f"{r['rss_floor_kib'] / 1024:.0f} MiB")
+    print()
+    keys = r["checks"]["keys"]
+    rows = [
+        ("wall time (s)", f"{e['wall_s_median']:.2f}", f"{t['wall_s_median']:.2f}"),
+        ("CPU time user+sys (s)", f"{e['cpu_s_median']:.2f}", f"{t['cpu_s_median']:.2f}"),
+        ("lines/s", f"{e['lines_per_s']:,}", f"{t['lines_per_s']:,}"),
+        ("\\n-lines/s", f"{e['newline_lines_per_s']:,}", f"{t['newline_lines_per_s']:,}"),
+        ("MB/s", f"{e['mb_per_s']:.1f}", f"{t['mb_per_s']:.1f}"),
+        ("lines per CPU second", f"{e['lines_per_cpu_s']:,}", f"{t['lines_per_cpu_s']:,}"),
+        ("peak RSS (MiB)", f"{e['peak_rss_mib']:.1f}", f"{t['peak_rss_mib']:.1f}"),
+        ("keys extracted", f"{e['keys_extracted']}/{keys}", f"{t['keys_extracted']}/{keys}"),
+        ("dict lines read", f"{r['checks']['dict_lines_exporter']:,.0f}", f"{r['checks']['dict_lines_mtail']:,.0f}"),
+        ("last loss", f"{r['checks']['last_loss_exporter']}", f"{r['checks']['last_loss_mtail']}"),
+    ]
+    w = max(len(a) for a, _, _ in rows)
+    print(f"{'':{w}}  {'exporter':>14}  {'mtail':>14}")
+    for a, b, c in rows:
+        print(f"{a:{w}}  {b:>14}  {c:>14}")
+    print()
+    verdict = "met" if r["target_met"] else "MISSED"
+    print(f"exporter_lines_per_s / mtail_lines_per_s = {r['ratio_lines_per_s']:.2f}x "
+          f"(target >= {r['target_ratio']:g}x while extracting every key: {verdict})")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,276 @@
+"""The derived series of the seeds, computed per record over each instrument's window of steps.
+
+Everything here runs when a record arrives, in O(window) at most; a scrape only copies values.
+The rules that turn numbers into judgments (rising/flat/falling, the KL-versus-reward regime,
+pg-loss patterns) are written out in docs/derived.md."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from itertools import islice, pairwise
+from statistics import median
+
+from exporter.instruments.series import Series
+from exporter.instruments.settings import DerivedSettings, Thresholds
+
+SeriesKey = tuple[str, str | None]
+Labels = tuple[tuple[str, str], ...]
+
+REGIMES = (
+    "improving_with_drift",  # KL rising, reward rising: changing and improving (healthy)
+    "drifting_without_gain",  # KL rising, reward flat: "the training has run its course"
+    "destructive",  # KL rising, reward falling: "actively destructive. Stop immediately"
+    "improving_without_drift",  # KL stable, reward rising: "ideal but rare"
+    "converged",  # KL stable, reward flat: "nothing is changing"
+    "declining",  # KL stable, reward falling: not among the five; reward is lost without drift
+    "unknown",  # fewer than min_points of KL or reward in their windows
+)
+_REGIME_OF = {
+    (1, 1): "improving_with_drift", (1, 0): "drifting_without_gain", (1, -1): "destructive",
+    (0, 1): "improving_without_drift", (0, 0): "converged", (0, -1): "declining",
+}
+
+# (instrument, sub-label, level) -> (threshold name, breached when value is 'above' or 'below')
+_BREACH_RULES: dict[str, list[tuple[str, str, str]]] = {
+    "kl": [("warning", "kl_warning", "above"), ("critical", "kl_critical", "above")],
+    "reward_std": [("min", "reward_std_min", "below")],
+    "reward_component_std": [("min", "component_std_min", "below")],
+    "clip_fraction": [("high", "clip_high", "above"), ("min", "clip_min", "below")],
+    "policy_ratio": [("low", "policy_ratio_low", "below"), ("high", "policy_ratio_high", "above")],
+    "entropy": [("min", "entropy_min", "below")],
+    "completion_truncated": [("max", "truncated_max", "above")],
+    "clip_total": [("high", "clip_high", "above"), ("excessive", "clip_excessive", "above"),
+                   ("min", "clip_min", "below")],
+    "completion_length_ratio": [("low", "length_ratio_low", "below"), ("high", "length_ratio_high", "above")],
+}
+
+
+def threshold_series(t: Thresholds) -> dict[tuple[str, str], float]:
+    """(instrument, level) -> value, as exported in posttrain_threshold for per-run alert rules."""
+    out = {(inst, level): getattr(t, name) for inst, rules in _BREACH_RULES.items() for level, name, _ in rules}
+    out["clip_total", "asymmetry_min_total"] = t.clip_asymmetry_min_total
+    out["trend", "t"] = t.trend_t
+    out["loss", "discontinuity_high"] = t.discontinuity_high
+    out["loss", "discontinuity_low"] = t.discontinuity_low
+    return out
+
+
+def labels_of(instrument: str, sub: tuple[str, str] | None) -> Labels:
+    return (("instrument", instrument), sub) if sub else (("instrument", instrument),)
+
+
+class DerivedState:
+    def __init__(self, settings: DerivedSettings, sub_label: dict[str, str | None]) -> None:
+        self.settings = settings
+        self._sub_label = sub_label  # instrument -> its sub-label name
+        self.gauges: dict[tuple[str, Labels], float] = {}
+        self.breaches: Counter[Labels] = Counter()
+        self.loss_sign_flips = 0
+        self.loss_discontinuities = 0
+        self._length_baseline = settings.length_baseline
+        self._peak = -math.inf
+        self._peak_step = -1
+        self._loss_sign = 0
+        self._loss_outside = False
+
+    # --- entry points ---------------------------------------------------------------------------
+
+    def on_record(self, series: dict[SeriesKey, Series], updated: dict[SeriesKey, float], step: int) -> None:
+        for key in updated:
+            self._window_stats(key, series[key])
+        for key, value in updated.items():
+            self._breach(key, value)
+        inst_updated = {inst for inst, _ in updated}
+        if "reward_std" in inst_updated:
+            self._set("posttrain_reward_std_headroom", (), updated["reward_std", None] / self._t.reward_std_min)
+        for (inst, lv), value in updated.items():
+            if inst == "reward_component_std":
+                self._set("posttrain_reward_component_dead", (("component", lv or ""),),
+                          1.0 if value < self._t.component_std_min else 0.0)
+        if "clip_ratio" in inst_updated:
+            self._clipping(updated)
+        if "policy_ratio" in inst_updated:
+            self._set("posttrain_policy_ratio_distance", (), abs(updated["policy_ratio", None] - 1.0))
+        if "entropy" in inst_updated:
+            self._entropy(series["entropy", None])
+        if "completion_length" in inst_updated:
+            self._length(series, updated)
+        if ("dpo_reward", "margin") in updated:
+            w = series["dpo_reward", "margin"].window
+            if self._enough("dpo_reward", w):
+                self._set("posttrain_dpo_margin_converging", (), 1.0 if self._direction(w) < 0 else 0.0)
+        if "reward" in inst_updated:
+            self._reward_trajectory(series["reward", None], step)
+        if "loss" in inst_updated:
+            self._loss(series["loss", None])
+        if inst_updated & {"reward", "kl"}:
+            self._regime(series)
+
+    def rebuild(self, series: dict[SeriesKey, Series]) -> None:
+        """A resumed run cut the history back: recompute what depends on history, from history."""
+        self.gauges = {k: v for k, v in self.gauges.items() if k[0] == "posttrain_regime"}
+        self._peak, self._peak_step = -math.inf, -1
+        reward = series.get(("reward", None))
+        if reward is not None:
+            k = self._spec("reward").min_points
+            pts = list(reward.history)
+            for i in range(k, len(pts) + 1):
+                self._track_peak(sum(v for _, v in pts[i - k : i]) / k, pts[i - 1][0])
+        length = series.get(("completion_length", "mean"))
+        if self.settings.length_baseline is None and length is not None:
+            first = [v for _, v in islice(length.history, self.settings.baseline_points)]
+            self._length_baseline = (sum(first) / len(first)) if len(first) == self.settings.baseline_points else None
+        for key, s in series.items():
+            if s.history:
+                self._window_stats(key, s)
+        self._regime(series)
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    @property
+    def _t(self) -> Thresholds:
+        return self.settings.thresholds
+
+    def _spec(self, instrument: str):
+        return self.settings.window_for(instrument)
+
+    def _enough(self, instrument: str, w) -> bool:
+        return len(w) >= self._spec(instrument).min_points
+
+    def _direction(self, w) -> int:
+        t = w.slope_t
+        return 1 if t >= self._t.trend_t else -1 if t <= -self._t.trend_t else 0
+
+    def _set(self, metric: str, labels: Labels, value: float) -> None:
+        self.gauges[metric, labels] = value
+
+    def _sub(self, key: SeriesKey) -> tuple[str, str] | None:
+        inst, lv = key
+        name = self._sub_label.get(inst)
+        return (name, lv or "") if name else None
+
+    def _window_stats(self, key: SeriesKey, s: Series) -> None:
+        w = s.window
+        if not self._enough(key[0], w):
+            return
+        labels = labels_of(key[0], self._sub(key))
+        self._set("posttrain_trend", labels, w.slope)
+        self._set("posttrain_trend_direction", labels, float(self._direction(w)))
+        self._set("posttrain_window_mean", labels, w.mean)
+        self._set("posttrain_window_stddev", labels, w.stddev)
+        self._set("posttrain_window_min", labels, w.min)
+        self._set("posttrain_window_max", labels, w.max)
+
+    def _breach(self, key: SeriesKey, value: float, instrument: str | None = None) -> None:
+        inst = instrument or key[0]
+        for level, name, side in _BREACH_RULES.get(inst, ()):
+            limit = getattr(self._t, name)
+            if (value > limit) if side == "above" else (value < limit):
+                sub = self._sub(key) if instrument is None else None
+                self.breaches[(*labels_of(inst, sub), ("level", level))] += 1
+
+    def _clipping(self, updated: dict[SeriesKey, float]) -> None:
+        low, high = updated.get(("clip_ratio", "low")), updated.get(("clip_ratio", "high"))
+        if low is None or high is None:
+            return
+        total = low + high
+        self._set("posttrain_clip_total", (), total)
+        self._breach(("clip_total", None), total, "clip_total")
+        if total > self._t.clip_asymmetry_min_total:
+            self._set("posttrain_clip_asymmetry", (), (high - low) / total)
+        else:
+            self.gauges.pop(("posttrain_clip_asymmetry", ()), None)  # undefined without clipping
+
+    def _entropy(self, s: Series) -> None:
+        pts = s.window.points
+        if len(pts) >= 2 * self._spec("entropy").min_points:  # the seed's len(entropies) >= 20
+            half = len(pts) // 2
+            first = sum(v for _, v in islice(pts, half)) / half
+            second = sum(v for _, v in islice(pts, half, None)) / (len(pts) - half)
+            self._set("posttrain_entropy_acceleration", (), second - first)
+
+    def _length(self, series: dict[SeriesKey, Series], updated: dict[SeriesKey, float]) -> None:
+        mean = series.get(("completion_length", "mean"))
+        if ("completion_length", "mean") in updated and mean is not None:
+            if self._length_baseline is None and len(mean.history) >= self.settings.baseline_points:
+                first = [v for _, v in islice(mean.history, self.settings.baseline_points)]
+                self._length_baseline = sum(first) / len(first)
+            if self._length_baseline:
+                self._set("posttrain_completion_length_baseline", (), self._length_baseline)
+                ratio = mean.window.mean / self._length_baseline
+                self._set("posttrain_completion_length_baseline_ratio", (), ratio)
+                self._breach(("completion_length_ratio", None), ratio, "completion_length_ratio")
+        terminated = updated.get(("completion_length", "mean_terminated"))
+        if terminated is not None and ("completion_length", "mean") in updated:
+            self._set("posttrain_completion_length_truncation_gap", (),
+                      updated["completion_length", "mean"] - terminated)
+
+    def _track_peak(self, smoothed: float, step: int) -> None:
+        if smoothed > self._peak:
+            self._peak, self._peak_step = smoothed, step
+
+    def _reward_trajectory(self, s: Series, step: int) -> None:
+        k = self._spec("reward").min_points
+        pts = s.window.points
+        if len(pts) < k:
+            return
+        smoothed = sum(v for _, v in islice(reversed(pts), k)) / k
+        self._track_peak(smoothed, step)
+        self._set("posttrain_reward_smoothed", (), smoothed)
+        self._set("posttrain_reward_peak", (), self._peak)
+        self._set("posttrain_reward_peak_step", (), float(self._peak_step))
+        self._set("posttrain_reward_drawdown", (), self._peak - smoothed)
+        if len(pts) >= 2 * k:
+            # Is the rate of improvement itself falling? Compare the slopes of the window's halves.
+            half = len(pts) // 2
+            early, late = _slope(list(islice(pts, half))), _slope(list(islice(pts, half, None)))
+            plateau = early > 0 and late < 0.5 * early and self._direction(s.window) >= 0
+            self._set("posttrain_reward_plateau", (), 1.0 if plateau else 0.0)
+
+    def _loss(self, s: Series) -> None:
+        pts = s.window.points
+        k = self._spec("loss").min_points
+        if len(pts) < k:
+            return
+        recent = [v for _, v in islice(reversed(pts), k)]
+        smoothed = sum(recent) / k
+        sign = (smoothed > 0) - (smoothed < 0)
+        if self._loss_sign > 0 and sign < 0:
+            self.loss_sign_flips += 1  # 002: "went negative after being positive"
+        if sign:
+            self._loss_sign = sign
+        values = [v for _, v in pts]
+        changes = sum((a > 0) != (b > 0) for a, b in pairwise(values))
+        std = s.window.stddev
+        centred = abs(s.window.mean) < 2 * std / math.sqrt(len(values)) if std > 0 else False
+        self._set("posttrain_loss_oscillating", (), 1.0 if centred and changes >= 0.4 * (len(values) - 1) else 0.0)
+        # 002: "suddenly doubled or halved". The magnitude of the last k points against the median
+        # magnitude before them; counted once each time it leaves the [low, high] band.
+        if len(values) >= 2 * k:
+            prior = median(abs(v) for v in values[:-k])
+            recent = sum(abs(v) for v in recent) / k
+            if prior > 0:
+                ratio = recent / prior
+                self._set("posttrain_loss_magnitude_ratio", (), ratio)
+                outside = ratio > self._t.discontinuity_high or ratio < self._t.discontinuity_low
+                if outside and not self._loss_outside:
+                    self.loss_discontinuities += 1
+                self._loss_outside = outside
+
+    def _regime(self, series: dict[SeriesKey, Series]) -> None:
+        kl, reward = series.get(("kl", None)), series.get(("reward", None))
+        state = "unknown"
+        if kl is not None and reward is not None and self._enough("kl", kl.window) and self._enough(
+                "reward", reward.window):
+            state = _REGIME_OF[max(self._direction(kl.window), 0), self._direction(reward.window)]
+        for r in REGIMES:
+            self._set("posttrain_regime", (("regime", r),), 1.0 if r == state else 0.0)
+
+
+def _slope(pts: list[tuple[int, float]]) -> float:
+    n = len(pts)
+    mx = sum(x for x, _ in pts) / n
+    my = sum(y for _, y in pts) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else 0.0
