@@ -246,7 +246,21 @@ def machine(mtail: str) -> dict[str, str | int]:
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "mtail": mtail_version,
         "kernel": platform.release(),
+        "exporter_revision": _git_revision(),
     }
+
+
+def _git_revision() -> str:
+    """The commit the exporter was measured at, `+dirty` when its sources had local changes."""
+    root = BENCH.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "exporter"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -408,6 +422,7 @@ def print_table(r: dict) -> None:
     mtail_short = m["mtail"].replace("mtail version ", "mtail ").split(" git revision")[0]
     print(f"machine: {m['nproc']} cores ({m['nproc_available']} available), {m['cpu_model']}, {m['python']}, "
           f"{mtail_short}")
+    print(f"exporter at {m['exporter_revision']}")
     print(f"log:     {lg['path']}: {lg['bytes'] / 1e6:.1f} MB, {lg['segments']:,} lines "
           f"(\\r/\\n segments), {lg['newline_lines']:,} \\n-lines")
     print(f"runs:    {r['repeat']} of each tool, alternating; wall and CPU are medians, RSS the maximum "

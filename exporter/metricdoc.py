@@ -9,6 +9,7 @@ from collections import defaultdict
 from exporter.app import Exporter
 from exporter.config import Config
 from exporter.exposition.collector import ExporterCollector
+from exporter.instruments.derived import DERIVED_HELP, DERIVED_SEED
 from exporter.instruments.keymap import INSTRUMENTS, KEY_RULES
 from exporter.parsers.record import Record
 
@@ -22,12 +23,12 @@ collector; `tests/test_docs.py` fails when this file is out of date. Every train
 
 
 def _sample_exporter() -> Exporter:
-    """A run that has seen every key of the table once, so the collector emits every family."""
+    """A run that has seen every key of the table over enough steps for every derived family."""
     ex = Exporter(Config(), [])
     run = ex.run_state("doc")
-    values = {r.key: 1.0 for r in KEY_RULES if not r.pattern}
-    values |= {"rewards/f/mean": 1.0, "rewards/f/std": 1.0}
-    run.ingest(Record(values, "jsonl", step=1))
+    keys = [r.key for r in KEY_RULES if not r.pattern] + ["rewards/f/mean", "rewards/f/std"]
+    for step in range(1, 41):
+        run.ingest(Record({k: 0.5 + ((step * 7 + i * 3) % 11) / 20 for i, k in enumerate(keys)}, "jsonl", step=step))
     return ex
 
 
@@ -60,6 +61,15 @@ def render() -> str:
         lines.append(f"- Serves: {inst.seed}")
         lines.append("- Fed by: " + ("; ".join(keys[inst.name]) if keys[inst.name] else "config aliases only"))
         lines.append("")
+    lines.append("## Derived series\n")
+    lines.append("Computed per record over each instrument's window of logged steps (`windows`, default 50 "
+                 "points, nothing before 10); see [derived.md](derived.md) for the rules behind the judgments. "
+                 "Per-instrument families carry `instrument` and the instrument's sub-label.\n")
+    lines.append("| metric | serves | meaning |")
+    lines.append("| --- | --- | --- |")
+    for metric, doc in DERIVED_HELP.items():
+        lines.append(f"| `{metric}` | {DERIVED_SEED[metric]} | {doc} |")
+    lines.append("")
     lines.append("## All families\n")
     lines.append("| metric | type | labels | meaning |")
     lines.append("| --- | --- | --- | --- |")

@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.app import Exporter
+from exporter.instruments.derived import DERIVED_HELP, threshold_series
 from exporter.instruments.keymap import INSTRUMENTS
 
 
@@ -19,6 +20,10 @@ def _labelled_gauge(name: str, doc: str) -> Metric:
     # Series of one family carry different sub-labels (component, bound, ...), so samples are
     # added one by one instead of through a fixed label list.
     return Metric(name, doc, "gauge")
+
+
+def _labelled_counter(name: str, doc: str) -> Metric:
+    return Metric(name, doc, "counter")
 
 
 class ExporterCollector(Collector):
@@ -64,6 +69,39 @@ class ExporterCollector(Collector):
         yield from families.values()
         yield last_step
         yield passthrough
+        yield from self._derived()
+
+    def _derived(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        breaches = _labelled_counter("posttrain_threshold_breaches", "Records whose value crossed a threshold, by "
+                                     "instrument and level: a breach between two scrapes still counts.")
+        flips = CounterMetricFamily("posttrain_loss_sign_flips", "Times the smoothed loss went negative after "
+                                    "being positive (002: a strong signal to stop).", labels=["run"])
+        jumps = CounterMetricFamily("posttrain_loss_discontinuities", "Times the loss magnitude left the band "
+                                    "[0.5, 2] x its recent median (002: suddenly doubled or halved).", labels=["run"])
+        thresholds = GaugeMetricFamily("posttrain_threshold", "Threshold in force for this run (the seeds' default "
+                                       "or the config's), for alert rules.", labels=["run", "instrument", "level"])
+        windows = GaugeMetricFamily("posttrain_window_steps", "Window of the derived series, in logged points: "
+                                    "size and min_points.", labels=["run", "instrument", "setting"])
+        for name, run in self.exporter.runs.items():
+            d = run.derived
+            for (metric, labels), value in sorted(d.gauges.items()):
+                fam = families.get(metric)
+                if fam is None:
+                    fam = families[metric] = _labelled_gauge(metric, DERIVED_HELP[metric])
+                fam.add_sample(metric, {"run": name, **dict(labels)}, value)
+            for labels, n in sorted(d.breaches.items()):
+                breaches.add_sample(breaches.name + "_total", {"run": name, **dict(labels)}, n)
+            flips.add_metric([name], d.loss_sign_flips)
+            jumps.add_metric([name], d.loss_discontinuities)
+            for (inst, level), value in threshold_series(run.settings.thresholds).items():
+                thresholds.add_metric([name, inst, level], value)
+            specs = {"default": run.settings.window, **run.settings.per_instrument}
+            for inst, spec in specs.items():
+                windows.add_metric([name, inst, "size"], spec.size)
+                windows.add_metric([name, inst, "min_points"], spec.min_points)
+        yield from families.values()
+        yield from (breaches, flips, jumps, thresholds, windows)
 
     def _health(self) -> Iterator[Metric]:
         ex = self.exporter

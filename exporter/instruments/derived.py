@@ -175,7 +175,7 @@ class DerivedState:
         if low is None or high is None:
             return
         total = low + high
-        self._set("posttrain_clip_total", (), total)
+        self._set("posttrain_clip_combined", (), total)
         self._breach(("clip_total", None), total, "clip_total")
         if total > self._t.clip_asymmetry_min_total:
             self._set("posttrain_clip_asymmetry", (), (high - low) / total)
@@ -274,3 +274,70 @@ def _slope(pts: list[tuple[int, float]]) -> float:
     my = sum(y for _, y in pts) / n
     sxx = sum((x - mx) ** 2 for x, _ in pts)
     return sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else 0.0
+
+
+DERIVED_HELP: dict[str, str] = {
+    "posttrain_trend": "Least-squares slope per step over the instrument's window (the seeds' np.polyfit(...)[0], "
+                       "with steps as x).",
+    "posttrain_trend_direction": "1 rising, -1 falling, 0 flat: the trend against the window's noise "
+                                 "(|slope / stderr| >= thresholds.trend_t).",
+    "posttrain_window_mean": "Mean of the instrument over its window.",
+    "posttrain_window_stddev": "Population stddev over the window (the seeds' stability / variance).",
+    "posttrain_window_min": "Minimum over the window: a dip between two scrapes stays visible.",
+    "posttrain_window_max": "Maximum over the window: a spike between two scrapes stays visible.",
+    "posttrain_reward_std_headroom": "Reward std over its threshold (thresholds.reward_std_min); below 1 the "
+                                     "learning signal is weak.",
+    "posttrain_reward_component_dead": "1 when a reward component's std is below thresholds.component_std_min: "
+                                       "it no longer gives learning signal.",
+    "posttrain_completion_length_baseline": "Baseline completion length (tokens): baselines.completion_length, "
+                                            "else the mean of the first baselines.points logged.",
+    "posttrain_completion_length_baseline_ratio": "Window mean of the mean completion length over the baseline.",
+    "posttrain_completion_length_truncation_gap": "Mean length minus mean terminated length (tokens): truncation "
+                                                  "inflates the first.",
+    "posttrain_clip_combined": "clip_ratio low + high.",
+    "posttrain_clip_asymmetry": "(high - low) / (high + low) when the total exceeds 0.01: >0 the policy sharpens "
+                                "what it liked, <0 it unlearns.",
+    "posttrain_entropy_acceleration": "Mean entropy of the window's second half minus its first half.",
+    "posttrain_dpo_margin_converging": "1 while the DPO margin trends down: chosen and rejected converge.",
+    "posttrain_policy_ratio_distance": "|policy ratio - 1|.",
+    "posttrain_reward_smoothed": "Mean reward over the last min_points logged steps.",
+    "posttrain_reward_peak": "Highest smoothed reward so far.",
+    "posttrain_reward_peak_step": "Step of the highest smoothed reward so far: the best checkpoint.",
+    "posttrain_reward_drawdown": "Peak smoothed reward minus the current one.",
+    "posttrain_reward_plateau": "1 when the reward's rate of improvement is falling (slope of the window's second "
+                                "half under half the first's) without a falling trend.",
+    "posttrain_regime": "KL-versus-reward regime of the practitioner's guide, one series per regime, 1 for the "
+                        "current one.",
+    "posttrain_loss_oscillating": "1 when the loss oscillates around zero: its window mean is within noise of "
+                                  "zero and it changes sign on at least 40% of steps.",
+    "posttrain_loss_magnitude_ratio": "Mean |loss| of the last min_points steps over the median |loss| before "
+                                      "them; outside [0.5, 2] is a discontinuity.",
+}
+
+# The seed text each derived gauge serves (docs/metrics.md).
+DERIVED_SEED: dict[str, str] = {
+    "posttrain_trend": "Part II/III callbacks: trend (np.polyfit); DPO margin trend",
+    "posttrain_trend_direction": "002: is the trajectory rising, flat or falling",
+    "posttrain_window_mean": "Part II/III callbacks: window of 50 steps",
+    "posttrain_window_stddev": "Part III: length stability (np.std); Part II: length variance",
+    "posttrain_window_min": "design: spikes between scrapes",
+    "posttrain_window_max": "design: spikes between scrapes",
+    "posttrain_reward_std_headroom": "Part III instrument 1: reward_std/headroom",
+    "posttrain_reward_component_dead": "Part III instrument 2: dead component (std < 0.01)",
+    "posttrain_completion_length_baseline": "Part II instrument 12: baseline length",
+    "posttrain_completion_length_baseline_ratio": "Part II instrument 12: length/baseline_ratio (< 0.5x, > 2x)",
+    "posttrain_completion_length_truncation_gap": "Part II/III: gap between mean_length and mean_terminated_length",
+    "posttrain_clip_combined": "Part III instrument 4: total clipping",
+    "posttrain_clip_asymmetry": "Part III instrument 4: clip_ratio/asymmetry",
+    "posttrain_entropy_acceleration": "Part III instrument 5: entropy/acceleration",
+    "posttrain_dpo_margin_converging": "Part II instrument 9: rewards converging",
+    "posttrain_policy_ratio_distance": "Part II instrument 11: ratio far from 1.0",
+    "posttrain_reward_smoothed": "002: reward trajectory",
+    "posttrain_reward_peak": "002: peak followed by decline",
+    "posttrain_reward_peak_step": "002: where is the best checkpoint",
+    "posttrain_reward_drawdown": "002: peak followed by decline",
+    "posttrain_reward_plateau": "002: is the rate of improvement itself changing",
+    "posttrain_regime": "002: the five KL-versus-reward regimes",
+    "posttrain_loss_oscillating": "002: pg loss oscillating around zero",
+    "posttrain_loss_magnitude_ratio": "002: pg loss suddenly doubled or halved",
+}
