@@ -253,3 +253,16 @@ def test_resumed_run_rebuilds_windows_from_history() -> None:
     assert gauge(run, "posttrain_trend", instrument="reward") == pytest.approx(
         np.polyfit(steps[-W:], values[-W:], 1)[0])
     assert math.isclose(gauge(run, "posttrain_window_max", instrument="reward"), max(values[-W:]))
+
+
+def test_generation_share_of_step_time_from_verl_timing_keys() -> None:
+    """verl logs timing_s/gen and timing_s/step per step (formats.md); the share is their ratio, window mean."""
+    from exporter.parsers.chain import LineParserChain
+
+    parsers, run = LineParserChain(), RunState("v", KeyMap())
+    gen = [3.0 + (s % 3) for s in range(1, 31)]
+    for s, g in enumerate(gen, start=1):
+        rec = parsers.parse(f"(TaskRunner pid=1) step:{s} - timing_s/gen:{g} - timing_s/step:10.0 - actor/kl_loss:0.01")
+        run.ingest(rec)
+    assert gauge(run, "posttrain_generation_time_ratio") == pytest.approx(np.mean(np.array(gen) / 10.0))
+    assert run.series["step_time", None].last_value == 10.0

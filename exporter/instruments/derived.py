@@ -13,6 +13,7 @@ from statistics import median
 
 from exporter.instruments.series import Series
 from exporter.instruments.settings import DerivedSettings, Thresholds
+from exporter.instruments.window import SlidingWindow
 
 SeriesKey = tuple[str, str | None]
 Labels = tuple[tuple[str, str], ...]
@@ -73,6 +74,7 @@ class DerivedState:
         self._peak_step = -1
         self._loss_sign = 0
         self._loss_outside = False
+        self._generation_share = SlidingWindow(settings.window_for("generation_time").size)
 
     # --- entry points ---------------------------------------------------------------------------
 
@@ -106,6 +108,10 @@ class DerivedState:
             self._loss(series["loss", None])
         if inst_updated & {"reward", "kl"}:
             self._regime(series)
+        if {"generation_time", "step_time"} <= inst_updated and updated["step_time", None] > 0:
+            # 002: "if the generation phase is taking a disproportionate share of step time ..."
+            self._generation_share.add(step, updated["generation_time", None] / updated["step_time", None])
+            self._set("posttrain_generation_time_ratio", (), self._generation_share.mean)
 
     def rebuild(self, series: dict[SeriesKey, Series]) -> None:
         """A resumed run cut the history back: recompute what depends on history, from history."""
@@ -306,6 +312,8 @@ DERIVED_HELP: dict[str, str] = {
     "posttrain_reward_drawdown": "Peak smoothed reward minus the current one.",
     "posttrain_reward_plateau": "1 when the reward's rate of improvement is falling (slope of the window's second "
                                 "half under half the first's) without a falling trend.",
+    "posttrain_generation_time_ratio": "Share of step time spent generating, from the trainer's own timing keys, "
+                                       "mean over the window.",
     "posttrain_regime": "KL-versus-reward regime of the practitioner's guide, one series per regime, 1 for the "
                         "current one.",
     "posttrain_loss_oscillating": "1 when the loss oscillates around zero: its window mean is within noise of "
@@ -337,6 +345,7 @@ DERIVED_SEED: dict[str, str] = {
     "posttrain_reward_peak_step": "002: where is the best checkpoint",
     "posttrain_reward_drawdown": "002: peak followed by decline",
     "posttrain_reward_plateau": "002: is the rate of improvement itself changing",
+    "posttrain_generation_time_ratio": "002: GPU behaviour, generation share of step time",
     "posttrain_regime": "002: the five KL-versus-reward regimes",
     "posttrain_loss_oscillating": "002: pg loss oscillating around zero",
     "posttrain_loss_magnitude_ratio": "002: pg loss suddenly doubled or halved",

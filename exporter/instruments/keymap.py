@@ -74,6 +74,8 @@ INSTRUMENTS: dict[str, Instrument] = {
                    "Part I fundamentals", unit="ratio"),
         Instrument("step_time", "Wall time of one training step as the trainer measured it.",
                    "002: GPU behaviour, step time", unit="seconds"),
+        Instrument("generation_time", "Wall time of the step's generation (rollout) phase as the trainer "
+                   "measured it.", "002: GPU behaviour, generation phase", unit="seconds"),
     ]
 }
 
@@ -176,6 +178,8 @@ KEY_RULES: list[KeyRule] = [
     KeyRule("timing_s/step", "step_time", frameworks="verl", priority=1),
     KeyRule("perf/time_per_step", "step_time", frameworks="verl", priority=2),
     KeyRule("timing/step_total", "step_time", frameworks="OpenRLHF", priority=3),
+    KeyRule("timing_s/gen", "generation_time", frameworks="verl"),
+    KeyRule("timing/generation", "generation_time", frameworks="OpenRLHF", priority=1),
 ]
 
 
