@@ -7,6 +7,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable
+from typing import Protocol
 
 from exporter.config import Config, LogSpec
 from exporter.instruments.keymap import KeyMap
@@ -56,8 +57,16 @@ class FileInput(Input):
         self.stream.finish()
 
 
-class StdinInput(Input):
-    def __init__(self, spec: LogSpec, stream: ConsoleStream, reader: StdinReader | None = None) -> None:
+class ChunkReader(Protocol):
+    closed: bool
+
+    def poll(self, timeout: float = 0.0) -> list[str]: ...
+
+
+class ReaderInput(Input):
+    """A stream handed out in chunks: standard input (a reader thread) or the demo's replay."""
+
+    def __init__(self, spec: LogSpec, stream: ConsoleStream, reader: ChunkReader | None = None) -> None:
         self.spec = spec
         self.stream = stream
         self.reader = reader or StdinReader()
@@ -127,7 +136,7 @@ class Exporter:
         if spec.format == "trainer_state" or (spec.format == "auto" and looks_like_trainer_state(spec.path)):
             return TrainerStateInput(spec, run, stats)
         stream = ConsoleStream(run, stats, LineParserChain(spec.format, self.cfg.formats))
-        return StdinInput(spec, stream) if spec.path == "-" else FileInput(spec, stream)
+        return ReaderInput(spec, stream) if spec.path == "-" else FileInput(spec, stream)
 
     def poll_once(self) -> bool:
         got = False
@@ -140,7 +149,7 @@ class Exporter:
     def read_to_end(self) -> None:
         """`dump`: every input to its end, then everything held is ingested."""
         for inp in self.inputs:
-            if isinstance(inp, StdinInput):
+            if isinstance(inp, ReaderInput):
                 while not inp.closed:
                     inp.poll(timeout=0.5)
             else:

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
 from exporter import __version__
-from exporter.app import Exporter, StdinInput
+from exporter.app import Exporter, ReaderInput
 from exporter.config import DEFAULT_LISTEN, Config, ConfigError, LogSpec, default_run_name, load_config
 from exporter.config import parse_listen_address as _parse_listen
 from exporter.exposition.collector import ExporterCollector
@@ -136,7 +136,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     stream = ConsoleStream(run, exporter.stats[spec.run], LineParserChain())
     reader = ReplayReader(demo_log_text(), args.steps_per_second, loop=not args.once)
-    exporter.inputs.append(StdinInput(spec, stream, reader=reader))  # type: ignore[arg-type]
+    exporter.inputs.append(ReaderInput(spec, stream, reader=reader))
     log.info("demo: replaying a real TRL GRPO log (300 steps) at %.3g steps/s on http://%s/metrics",
              args.steps_per_second, args.listen_address)
 
