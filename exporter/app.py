@@ -46,12 +46,13 @@ class FileInput(Input):
         self.follow = self.follower.stats
 
     def poll(self) -> bool:
-        chunks = self.follower.poll()
-        for c in chunks:
-            self.stream.feed(c)
-        if not chunks:
+        got = False
+        for chunk in self.follower.poll():
+            self.stream.feed(chunk)
+            got = True
+        if not got:
             self.stream.settle(REDRAW_WAIT_SECONDS)
-        return bool(chunks)
+        return got
 
     def finish(self) -> None:
         self.stream.finish()

@@ -36,6 +36,7 @@ def logged(run_name: str, key: str, upto: int | None = None) -> tuple[np.ndarray
 
 
 def gauge(run: RunState, metric: str, **labels: str) -> float | None:
+    run.refresh()
     want = set(labels.items())
     for (m, lbl), v in run.derived.gauges.items():
         if m == metric and set(lbl) == want:
@@ -168,6 +169,7 @@ def noisy(trend: float, n: int = 50, seed: int = 0, level: float = 1.0, noise: f
 )
 def test_regime_on_curves(kl_trend: float, reward_trend: float, regime: str) -> None:
     run = curve_run(noisy(kl_trend, seed=1, level=0.1), noisy(reward_trend, seed=2))
+    run.refresh()
     states = {lbl[0][1]: v for (m, lbl), v in run.derived.gauges.items() if m == "posttrain_regime"}
     assert states[regime] == 1.0 and sum(states.values()) == 1.0
 
@@ -239,10 +241,14 @@ def test_breach_between_scrapes_is_counted() -> None:
 def test_per_run_thresholds_and_windows_from_config() -> None:
     cfg = parse_config({"thresholds": {"kl_warning": 0.1, "kl_critical": 0.15},
                         "windows": {"size": 20, "min_points": 5, "per_instrument": {"kl": {"size": 8}}}})
-    run = curve_run([0.12] * 30, noisy(0.0, n=30), settings=cfg.derived)
+    kl = [0.12 + 0.001 * i for i in range(30)]  # 0.12 .. 0.149: all above 0.1, none above 0.15
+    run = curve_run(kl, noisy(0.0, n=30), settings=cfg.derived)
     assert run.derived.breaches[(("instrument", "kl"), ("level", "warning"))] == 30
     assert run.derived.breaches.get((("instrument", "kl"), ("level", "critical")), 0) == 0
-    assert len(run.series["kl", None].window) == 8 and len(run.series["reward", None].window) == 20
+    kl_w, reward_w = (gauge(run, "posttrain_window_mean", instrument=i) for i in ("kl", "reward"))
+    assert kl_w == pytest.approx(np.mean(kl[-8:]))
+    assert gauge(curve_run(kl[:5], [1.0] * 5, settings=cfg.derived), "posttrain_trend", instrument="kl") is not None
+    assert reward_w == pytest.approx(np.mean([v for _, v in list(run.series["reward", None].history)[-20:]]))
 
 
 def test_resumed_run_rebuilds_windows_from_history() -> None:

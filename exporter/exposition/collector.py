@@ -32,6 +32,8 @@ class ExporterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         with self.exporter.lock:
+            for run in self.exporter.runs.values():
+                run.refresh()
             yield from self._training()
             yield from self._health()
 

@@ -1,8 +1,15 @@
-"""The derived series of the seeds, computed per record over each instrument's window of steps.
+"""The derived series of the seeds, over each instrument's window of logged steps.
 
-Everything here runs when a record arrives, in O(window) at most; a scrape only copies values.
-The rules that turn numbers into judgments (rising/flat/falling, the KL-versus-reward regime,
-pg-loss patterns) are written out in docs/derived.md."""
+Two kinds of work, split by what they need to see:
+- per record, O(1) amortized: everything that must see every record even when many arrive between
+  two scrapes: threshold breach counters, the reward peak, pg-loss sign flips and
+  discontinuities, and the cheap ratios of the record's own values;
+- on read (a scrape, the end of `dump`), only for series that changed since the last read: the
+  window statistics (trend, its direction, mean, stddev, min, max) and the judgments built on
+  them (regime, plateau, entropy acceleration, margin convergence, oscillation). They are pure
+  functions of the window, so computing them per record would only redo work no one reads:
+  a trainer can log thousands of records between two scrapes.
+The rules themselves are written out in docs/derived.md."""
 
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ from statistics import median
 
 from exporter.instruments.series import Series
 from exporter.instruments.settings import DerivedSettings, Thresholds
-from exporter.instruments.window import SlidingWindow
+from exporter.instruments.window import RunningMean, window_stats
 
 SeriesKey = tuple[str, str | None]
 Labels = tuple[tuple[str, str], ...]
@@ -69,112 +76,63 @@ class DerivedState:
         self.breaches: Counter[Labels] = Counter()
         self.loss_sign_flips = 0
         self.loss_discontinuities = 0
+        self._dirty: set[SeriesKey] = set()
         self._length_baseline = settings.length_baseline
-        self._peak = -math.inf
-        self._peak_step = -1
+        self._length_mean = RunningMean(self._spec("completion_length").size)
+        self._generation_share = RunningMean(self._spec("generation_time").size)
+        self._reward_smooth = RunningMean(self._spec("reward").min_points)
+        self._peak, self._peak_step = -math.inf, -1
+        k = self._spec("loss").min_points
+        self._loss_recent = RunningMean(k)
+        self._loss_abs_recent = RunningMean(k)
+        self._loss_typical = 0.0  # median |loss| before the recent k points, refreshed every k records
+        self._loss_since_typical = 0
         self._loss_sign = 0
         self._loss_outside = False
-        self._generation_share = SlidingWindow(settings.window_for("generation_time").size)
+        # the rules with their limits resolved, and the labels of each breach, built once
+        self._rules = {inst: [(level, getattr(self._t, name), side == "above") for level, name, side in rules]
+                       for inst, rules in _BREACH_RULES.items()}
+        self._breach_labels: dict[tuple[str, SeriesKey, str], Labels] = {}
 
-    # --- entry points ---------------------------------------------------------------------------
+    # --- per record -----------------------------------------------------------------------------
 
     def on_record(self, series: dict[SeriesKey, Series], updated: dict[SeriesKey, float], step: int) -> None:
-        for key in updated:
-            self._window_stats(key, series[key])
+        self._dirty.update(updated)
         for key, value in updated.items():
-            self._breach(key, value)
-        inst_updated = {inst for inst, _ in updated}
-        if "reward_std" in inst_updated:
-            self._set("posttrain_reward_std_headroom", (), updated["reward_std", None] / self._t.reward_std_min)
-        for (inst, lv), value in updated.items():
+            inst = key[0]
+            if inst in _BREACH_RULES:
+                self._breach(key, value)
             if inst == "reward_component_std":
-                self._set("posttrain_reward_component_dead", (("component", lv or ""),),
+                self._set("posttrain_reward_component_dead", (("component", key[1] or ""),),
                           1.0 if value < self._t.component_std_min else 0.0)
-        if "clip_ratio" in inst_updated:
+        get = updated.get
+        if (v := get(("reward_std", None))) is not None:
+            self._set("posttrain_reward_std_headroom", (), v / self._t.reward_std_min)
+        if ("clip_ratio", "low") in updated or ("clip_ratio", "high") in updated:
             self._clipping(updated)
-        if "policy_ratio" in inst_updated:
-            self._set("posttrain_policy_ratio_distance", (), abs(updated["policy_ratio", None] - 1.0))
-        if "entropy" in inst_updated:
-            self._entropy(series["entropy", None])
-        if "completion_length" in inst_updated:
-            self._length(series, updated)
-        if ("dpo_reward", "margin") in updated:
-            w = series["dpo_reward", "margin"].window
-            if self._enough("dpo_reward", w):
-                self._set("posttrain_dpo_margin_converging", (), 1.0 if self._direction(w) < 0 else 0.0)
-        if "reward" in inst_updated:
-            self._reward_trajectory(series["reward", None], step)
-        if "loss" in inst_updated:
-            self._loss(series["loss", None])
-        if inst_updated & {"reward", "kl"}:
-            self._regime(series)
-        if {"generation_time", "step_time"} <= inst_updated and updated["step_time", None] > 0:
+        if (v := get(("policy_ratio", None))) is not None:
+            self._set("posttrain_policy_ratio_distance", (), abs(v - 1.0))
+        if (v := get(("completion_length", "mean"))) is not None:
+            self._length(series, v, get(("completion_length", "mean_terminated")))
+        if (v := get(("reward", None))) is not None:
+            self._reward(v, step)
+        if (v := get(("loss", None))) is not None:
+            self._loss(series["loss", None], v)
+        gen, total = get(("generation_time", None)), get(("step_time", None))
+        if gen is not None and total:
             # 002: "if the generation phase is taking a disproportionate share of step time ..."
-            self._generation_share.add(step, updated["generation_time", None] / updated["step_time", None])
+            self._generation_share.add(gen / total)
             self._set("posttrain_generation_time_ratio", (), self._generation_share.mean)
-
-    def rebuild(self, series: dict[SeriesKey, Series]) -> None:
-        """A resumed run cut the history back: recompute what depends on history, from history."""
-        self.gauges = {k: v for k, v in self.gauges.items() if k[0] == "posttrain_regime"}
-        self._peak, self._peak_step = -math.inf, -1
-        reward = series.get(("reward", None))
-        if reward is not None:
-            k = self._spec("reward").min_points
-            pts = list(reward.history)
-            for i in range(k, len(pts) + 1):
-                self._track_peak(sum(v for _, v in pts[i - k : i]) / k, pts[i - 1][0])
-        length = series.get(("completion_length", "mean"))
-        if self.settings.length_baseline is None and length is not None:
-            first = [v for _, v in islice(length.history, self.settings.baseline_points)]
-            self._length_baseline = (sum(first) / len(first)) if len(first) == self.settings.baseline_points else None
-        for key, s in series.items():
-            if s.history:
-                self._window_stats(key, s)
-        self._regime(series)
-
-    # --- helpers --------------------------------------------------------------------------------
-
-    @property
-    def _t(self) -> Thresholds:
-        return self.settings.thresholds
-
-    def _spec(self, instrument: str):
-        return self.settings.window_for(instrument)
-
-    def _enough(self, instrument: str, w) -> bool:
-        return len(w) >= self._spec(instrument).min_points
-
-    def _direction(self, w) -> int:
-        t = w.slope_t
-        return 1 if t >= self._t.trend_t else -1 if t <= -self._t.trend_t else 0
-
-    def _set(self, metric: str, labels: Labels, value: float) -> None:
-        self.gauges[metric, labels] = value
-
-    def _sub(self, key: SeriesKey) -> tuple[str, str] | None:
-        inst, lv = key
-        name = self._sub_label.get(inst)
-        return (name, lv or "") if name else None
-
-    def _window_stats(self, key: SeriesKey, s: Series) -> None:
-        w = s.window
-        if not self._enough(key[0], w):
-            return
-        labels = labels_of(key[0], self._sub(key))
-        self._set("posttrain_trend", labels, w.slope)
-        self._set("posttrain_trend_direction", labels, float(self._direction(w)))
-        self._set("posttrain_window_mean", labels, w.mean)
-        self._set("posttrain_window_stddev", labels, w.stddev)
-        self._set("posttrain_window_min", labels, w.min)
-        self._set("posttrain_window_max", labels, w.max)
 
     def _breach(self, key: SeriesKey, value: float, instrument: str | None = None) -> None:
         inst = instrument or key[0]
-        for level, name, side in _BREACH_RULES.get(inst, ()):
-            limit = getattr(self._t, name)
-            if (value > limit) if side == "above" else (value < limit):
-                sub = self._sub(key) if instrument is None else None
-                self.breaches[(*labels_of(inst, sub), ("level", level))] += 1
+        for level, limit, above in self._rules[inst]:
+            if (value > limit) if above else (value < limit):
+                labels = self._breach_labels.get((inst, key, level))
+                if labels is None:
+                    sub = self._sub(key) if instrument is None else None
+                    labels = self._breach_labels[inst, key, level] = (*labels_of(inst, sub), ("level", level))
+                self.breaches[labels] += 1
 
     def _clipping(self, updated: dict[SeriesKey, float]) -> None:
         low, high = updated.get(("clip_ratio", "low")), updated.get(("clip_ratio", "high"))
@@ -188,90 +146,161 @@ class DerivedState:
         else:
             self.gauges.pop(("posttrain_clip_asymmetry", ()), None)  # undefined without clipping
 
-    def _entropy(self, s: Series) -> None:
-        pts = s.window.points
-        if len(pts) >= 2 * self._spec("entropy").min_points:  # the seed's len(entropies) >= 20
-            half = len(pts) // 2
-            first = sum(v for _, v in islice(pts, half)) / half
-            second = sum(v for _, v in islice(pts, half, None)) / (len(pts) - half)
-            self._set("posttrain_entropy_acceleration", (), second - first)
-
-    def _length(self, series: dict[SeriesKey, Series], updated: dict[SeriesKey, float]) -> None:
-        mean = series.get(("completion_length", "mean"))
-        if ("completion_length", "mean") in updated and mean is not None:
-            if self._length_baseline is None and len(mean.history) >= self.settings.baseline_points:
-                first = [v for _, v in islice(mean.history, self.settings.baseline_points)]
+    def _length(self, series: dict[SeriesKey, Series], mean: float, terminated: float | None) -> None:
+        self._length_mean.add(mean)
+        if self._length_baseline is None:
+            history = series["completion_length", "mean"].history
+            if len(history) >= self.settings.baseline_points:
+                first = [v for _, v in islice(history, self.settings.baseline_points)]
                 self._length_baseline = sum(first) / len(first)
-            if self._length_baseline:
-                self._set("posttrain_completion_length_baseline", (), self._length_baseline)
-                ratio = mean.window.mean / self._length_baseline
-                self._set("posttrain_completion_length_baseline_ratio", (), ratio)
-                self._breach(("completion_length_ratio", None), ratio, "completion_length_ratio")
-        terminated = updated.get(("completion_length", "mean_terminated"))
-        if terminated is not None and ("completion_length", "mean") in updated:
-            self._set("posttrain_completion_length_truncation_gap", (),
-                      updated["completion_length", "mean"] - terminated)
+        if self._length_baseline:
+            self._set("posttrain_completion_length_baseline", (), self._length_baseline)
+            ratio = self._length_mean.mean / self._length_baseline
+            self._set("posttrain_completion_length_baseline_ratio", (), ratio)
+            self._breach(("completion_length_ratio", None), ratio, "completion_length_ratio")
+        if terminated is not None:
+            self._set("posttrain_completion_length_truncation_gap", (), mean - terminated)
 
-    def _track_peak(self, smoothed: float, step: int) -> None:
+    def _reward(self, value: float, step: int) -> None:
+        self._reward_smooth.add(value)
+        if not self._reward_smooth.full:
+            return
+        smoothed = self._reward_smooth.mean
         if smoothed > self._peak:
             self._peak, self._peak_step = smoothed, step
-
-    def _reward_trajectory(self, s: Series, step: int) -> None:
-        k = self._spec("reward").min_points
-        pts = s.window.points
-        if len(pts) < k:
-            return
-        smoothed = sum(v for _, v in islice(reversed(pts), k)) / k
-        self._track_peak(smoothed, step)
         self._set("posttrain_reward_smoothed", (), smoothed)
         self._set("posttrain_reward_peak", (), self._peak)
         self._set("posttrain_reward_peak_step", (), float(self._peak_step))
         self._set("posttrain_reward_drawdown", (), self._peak - smoothed)
-        if len(pts) >= 2 * k:
-            # Is the rate of improvement itself falling? Compare the slopes of the window's halves.
-            half = len(pts) // 2
-            early, late = _slope(list(islice(pts, half))), _slope(list(islice(pts, half, None)))
-            plateau = early > 0 and late < 0.5 * early and self._direction(s.window) >= 0
-            self._set("posttrain_reward_plateau", (), 1.0 if plateau else 0.0)
 
-    def _loss(self, s: Series) -> None:
-        pts = s.window.points
-        k = self._spec("loss").min_points
-        if len(pts) < k:
+    def _loss(self, s: Series, value: float) -> None:
+        self._loss_recent.add(value)
+        self._loss_abs_recent.add(abs(value))
+        if not self._loss_recent.full:
             return
-        recent = [v for _, v in islice(reversed(pts), k)]
-        smoothed = sum(recent) / k
+        smoothed = self._loss_recent.mean
         sign = (smoothed > 0) - (smoothed < 0)
         if self._loss_sign > 0 and sign < 0:
             self.loss_sign_flips += 1  # 002: "went negative after being positive"
         if sign:
             self._loss_sign = sign
+        # 002: "suddenly doubled or halved". Mean |loss| of the last k points against the median
+        # |loss| before them; counted once each time it leaves the [low, high] band.
+        k = len(self._loss_recent)
+        self._loss_since_typical += 1
+        if self._loss_since_typical >= k or not self._loss_typical:
+            prior = s.tail(self._spec("loss").size)[:-k]
+            self._loss_typical = median(abs(v) for _, v in prior) if len(prior) >= k else 0.0
+            self._loss_since_typical = 0
+        if self._loss_typical > 0:
+            ratio = self._loss_abs_recent.mean / self._loss_typical
+            self._set("posttrain_loss_magnitude_ratio", (), ratio)
+            outside = ratio > self._t.discontinuity_high or ratio < self._t.discontinuity_low
+            if outside and not self._loss_outside:
+                self.loss_discontinuities += 1
+            self._loss_outside = outside
+
+    # --- on read --------------------------------------------------------------------------------
+
+    def refresh(self, series: dict[SeriesKey, Series]) -> None:
+        """Window statistics and judgments of the series that changed since the last read."""
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, set()
+        stats = {}
+        for key in dirty:
+            s = series.get(key)
+            spec = self._spec(key[0])
+            if s is None or len(s.history) < spec.min_points:
+                continue
+            pts = s.tail(spec.size)
+            st = stats[key] = window_stats(pts)
+            labels = labels_of(key[0], self._sub(key))
+            self._set("posttrain_trend", labels, st.slope)
+            self._set("posttrain_trend_direction", labels, float(self._direction(st.slope_t)))
+            self._set("posttrain_window_mean", labels, st.mean)
+            self._set("posttrain_window_stddev", labels, st.stddev)
+            self._set("posttrain_window_min", labels, st.min)
+            self._set("posttrain_window_max", labels, st.max)
+            if key == ("entropy", None) and len(pts) >= 2 * spec.min_points:  # the seed's len >= 20
+                half = len(pts) // 2
+                self._set("posttrain_entropy_acceleration", (),
+                          _mean(pts[half:]) - _mean(pts[:half]))
+            elif key == ("dpo_reward", "margin"):
+                self._set("posttrain_dpo_margin_converging", (), 1.0 if self._direction(st.slope_t) < 0 else 0.0)
+            elif key == ("reward", None) and len(pts) >= 2 * spec.min_points:
+                # Is the rate of improvement itself falling? Compare the slopes of the window's halves.
+                half = len(pts) // 2
+                early, late = _slope(pts[:half]), _slope(pts[half:])
+                plateau = early > 0 and late < 0.5 * early and self._direction(st.slope_t) >= 0
+                self._set("posttrain_reward_plateau", (), 1.0 if plateau else 0.0)
+            elif key == ("loss", None):
+                self._oscillation(pts, st.mean, st.stddev)
+        if ("kl", None) in dirty or ("reward", None) in dirty:
+            self._regime(series, stats)
+
+    def _oscillation(self, pts: list[tuple[int, float]], mean: float, std: float) -> None:
         values = [v for _, v in pts]
         changes = sum((a > 0) != (b > 0) for a, b in pairwise(values))
-        std = s.window.stddev
-        centred = abs(s.window.mean) < 2 * std / math.sqrt(len(values)) if std > 0 else False
+        centred = std > 0 and abs(mean) < 2 * std / math.sqrt(len(values))
         self._set("posttrain_loss_oscillating", (), 1.0 if centred and changes >= 0.4 * (len(values) - 1) else 0.0)
-        # 002: "suddenly doubled or halved". The magnitude of the last k points against the median
-        # magnitude before them; counted once each time it leaves the [low, high] band.
-        if len(values) >= 2 * k:
-            prior = median(abs(v) for v in values[:-k])
-            recent = sum(abs(v) for v in recent) / k
-            if prior > 0:
-                ratio = recent / prior
-                self._set("posttrain_loss_magnitude_ratio", (), ratio)
-                outside = ratio > self._t.discontinuity_high or ratio < self._t.discontinuity_low
-                if outside and not self._loss_outside:
-                    self.loss_discontinuities += 1
-                self._loss_outside = outside
 
-    def _regime(self, series: dict[SeriesKey, Series]) -> None:
-        kl, reward = series.get(("kl", None)), series.get(("reward", None))
-        state = "unknown"
-        if kl is not None and reward is not None and self._enough("kl", kl.window) and self._enough(
-                "reward", reward.window):
-            state = _REGIME_OF[max(self._direction(kl.window), 0), self._direction(reward.window)]
+    def _regime(self, series: dict[SeriesKey, Series], stats: dict) -> None:
+        directions = []
+        for key in (("kl", None), ("reward", None)):
+            s, spec = series.get(key), self._spec(key[0])
+            if s is None or len(s.history) < spec.min_points:
+                break
+            st = stats.get(key) or window_stats(s.tail(spec.size))
+            directions.append(self._direction(st.slope_t))
+        state = _REGIME_OF[max(directions[0], 0), directions[1]] if len(directions) == 2 else "unknown"
         for r in REGIMES:
             self._set("posttrain_regime", (("regime", r),), 1.0 if r == state else 0.0)
+
+    def rebuild(self, series: dict[SeriesKey, Series]) -> None:
+        """A resumed run cut the history back: restart what depends on history, from history."""
+        keep = ("posttrain_regime", "posttrain_reward_component_dead", "posttrain_reward_std_headroom")
+        self.gauges = {k: v for k, v in self.gauges.items() if k[0] in keep}
+        self._dirty.update(series)
+        self._peak, self._peak_step = -math.inf, -1
+        self._reward_smooth.reset()
+        if (reward := series.get(("reward", None))) is not None:
+            for step, v in reward.history:
+                self._reward(v, step)
+        length = series.get(("completion_length", "mean"))
+        self._length_mean.reset(v for _, v in (length.tail(self._spec("completion_length").size) if length else []))
+        if self.settings.length_baseline is None:
+            first = [v for _, v in islice(length.history, self.settings.baseline_points)] if length else []
+            self._length_baseline = sum(first) / len(first) if len(first) == self.settings.baseline_points else None
+        loss = series.get(("loss", None))
+        recent = [v for _, v in loss.tail(self._loss_recent.values.maxlen or 1)] if loss else []
+        self._loss_recent.reset(recent)
+        self._loss_abs_recent.reset(abs(v) for v in recent)
+        self._loss_typical, self._loss_since_typical = 0.0, 0
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    @property
+    def _t(self) -> Thresholds:
+        return self.settings.thresholds
+
+    def _spec(self, instrument: str):
+        return self.settings.window_for(instrument)
+
+    def _direction(self, t: float) -> int:
+        return 1 if t >= self._t.trend_t else -1 if t <= -self._t.trend_t else 0
+
+    def _set(self, metric: str, labels: Labels, value: float) -> None:
+        self.gauges[metric, labels] = value
+
+    def _sub(self, key: SeriesKey) -> tuple[str, str] | None:
+        inst, lv = key
+        name = self._sub_label.get(inst)
+        return (name, lv or "") if name else None
+
+
+def _mean(pts: list[tuple[int, float]]) -> float:
+    return sum(v for _, v in pts) / len(pts)
 
 
 def _slope(pts: list[tuple[int, float]]) -> float:

@@ -38,6 +38,7 @@ class RunState:
     values_skipped: Counter[str] = field(default_factory=Counter)  # by reason
     resets: int = 0
     derived: DerivedState = field(init=False)
+    _plans: dict[tuple[str, ...], list[tuple[str, SeriesKey]]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.derived = DerivedState(self.settings, {n: i.label for n, i in INSTRUMENTS.items()})
@@ -58,28 +59,39 @@ class RunState:
             self._rewind(rec.step)
         self.step = rec.step
         self.finished = False
-        updated = self._canonical(rec.values)
-        for key, value in updated.items():
-            s = self.series.get(key)
+        values, step, series = rec.values, rec.step, self.series
+        finite: dict[SeriesKey, float] = {}
+        for key, sk in self._plan(tuple(values)):
+            value = values[key]
+            s = series.get(sk)
             if s is None:
-                window = self.settings.window_for(key[0]).size
-                s = self.series[key] = Series(self.limits.history_limit, window)
-            s.add(rec.step, value)
-        finite = {k: v for k, v in updated.items() if math.isfinite(v)}
+                s = series[sk] = Series(self.limits.history_limit)
+            s.add(step, value)
+            if value - value == 0.0:  # no NaN, no inf
+                finite[sk] = value
         if finite:
-            self.derived.on_record(self.series, finite, rec.step)
+            self.derived.on_record(series, finite, step)
 
-    def _canonical(self, values: dict[str, float]) -> dict[SeriesKey, float]:
-        chosen: dict[SeriesKey, tuple[int, float]] = {}
-        for k, v in values.items():
-            t = self.keymap.resolve(k)
-            if t is None:
-                continue
-            sk = (t.instrument, t.label_value)
-            held = chosen.get(sk)
-            if held is None or t.priority < held[0]:
-                chosen[sk] = (t.priority, v)
-        return {sk: v for sk, (_, v) in chosen.items()}
+    def refresh(self) -> None:
+        """Bring the window statistics up to date before they are read (a scrape, the end of dump)."""
+        self.derived.refresh(self.series)
+
+    def _plan(self, keys: tuple[str, ...]) -> list[tuple[str, SeriesKey]]:
+        """Which key feeds which series, for one record shape; trainers repeat a few shapes, so the
+        key table and the priorities are consulted once per shape, not once per record."""
+        plan = self._plans.get(keys)
+        if plan is None:
+            chosen: dict[SeriesKey, tuple[int, str]] = {}
+            for k in keys:
+                t = self.keymap.resolve(k)
+                if t is not None:
+                    sk = (t.instrument, t.label_value)
+                    if sk not in chosen or t.priority < chosen[sk][0]:
+                        chosen[sk] = (t.priority, k)
+            plan = self._plans[keys] = [(k, sk) for sk, (_, k) in chosen.items()]
+            if len(self._plans) > 4096:  # a trainer with ever-new shapes: keep the cache bounded
+                self._plans.clear()
+        return plan
 
     def _pass_through(self, values: dict[str, float]) -> None:
         pt = self.passthrough

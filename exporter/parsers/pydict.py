@@ -10,8 +10,9 @@ import re
 from exporter.parsers.record import ParseError, Record
 from exporter.parsers.values import Skip, to_float
 
-# key: '...' or "..." (repr switches quotes when the key holds a '); value: up to the next , or }
-_PAIR = re.compile(r"""(?:'([^']*)'|"([^"]*)")\s*:\s*('[^']*'|"[^"]*"|[^,{}]*)""")
+# key: '...' or "..." (repr switches quotes when the key holds a '); value: a quoted string, whose
+# inside is captured apart (transformers 5 quotes every number), or anything up to the next , or }
+_PAIR = re.compile(r"""(?:'([^']*)'|"([^"]*)")\s*:\s*(?:'([^']*)'|("[^"]*"|[^,{}]*))""")
 # OpenRLHF logs `✨ Global step 12: {...}` through Python logging.
 _OPENRLHF = re.compile(r"Global step (\d+):\s*(\{.*)$")
 
@@ -19,12 +20,14 @@ _OPENRLHF = re.compile(r"Global step (\d+):\s*(\{.*)$")
 def parse_pairs(body: str, fmt: str, step: int | None = None) -> Record:
     values: dict[str, float] = {}
     skipped: dict[str, int] = {}
-    for k1, k2, raw in _PAIR.findall(body):
-        key = k1 or k2
+    for k1, k2, quoted, raw in _PAIR.findall(body):
         try:
-            values[key] = to_float(raw)
-        except Skip as s:
-            skipped[s.reason] = skipped.get(s.reason, 0) + 1
+            values[k1 or k2] = float(quoted or raw)  # the common case, without the slower path's checks
+        except ValueError:
+            try:
+                values[k1 or k2] = to_float(quoted or raw)
+            except Skip as s:
+                skipped[s.reason] = skipped.get(s.reason, 0) + 1
     if not values and not skipped:
         raise ParseError("no_pairs", body[:80], fmt)
     return Record(values=values, fmt=fmt, step=step, skipped=skipped)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 
 class RecordKind(enum.Enum):
@@ -30,13 +31,14 @@ class Record:
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> count of values not exported
 
     def __post_init__(self) -> None:
-        self.kind = classify(self.values)
+        self.kind = classify(tuple(self.values))
 
 
-def classify(values: dict[str, float]) -> RecordKind:
-    if not SUMMARY_KEYS.isdisjoint(values):
+@lru_cache(maxsize=1024)  # a trainer prints a few record shapes over and over
+def classify(keys: tuple[str, ...]) -> RecordKind:
+    if not SUMMARY_KEYS.isdisjoint(keys):
         return RecordKind.SUMMARY
-    metric_keys = [k for k in values if k not in NEUTRAL_KEYS]
+    metric_keys = [k for k in keys if k not in NEUTRAL_KEYS]
     if metric_keys and all(k.startswith(EVAL_PREFIXES) for k in metric_keys):
         return RecordKind.EVAL
     return RecordKind.TRAIN

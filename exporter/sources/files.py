@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -35,25 +36,26 @@ class FileFollower:
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._warned_missing = False
 
-    def poll(self) -> list[str]:
-        """Everything new since the last poll, decoded; [] when nothing is new."""
-        chunks: list[str] = []
+    def poll(self) -> Iterator[str]:
+        """Everything new since the last poll, decoded, one chunk at a time (a large existing log is
+        never held whole in memory)."""
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
             if self._f is not None:
-                chunks += self._drain()  # deleted: what was written before the delete still counts
+                yield from self._drain()  # deleted: what was written before the delete still counts
                 self._close()
             if not self._warned_missing:
                 log.info("waiting for %s to appear", self.path)
                 self._warned_missing = True
             self.stats.up = False
-            return chunks
+            return
         except OSError as e:
-            return self._failed(e)
+            self._failed(e)
+            return
         try:
             if self._f is not None and (st.st_dev, st.st_ino) != self._ino:
-                chunks += self._drain()  # rotated: finish the old file, then start the new one
+                yield from self._drain()  # rotated: finish the old file, then start the new one
                 self._close()
                 self.stats.rotations += 1
             if self._f is None:
@@ -61,11 +63,10 @@ class FileFollower:
             elif st.st_size < self._f.tell():
                 self._f.seek(0)  # copytruncate
                 self.stats.truncations += 1
-            chunks += self._drain()
+            self.stats.up = True
+            yield from self._drain()
         except OSError as e:
-            return chunks + self._failed(e)
-        self.stats.up = True
-        return chunks
+            self._failed(e)
 
     def close(self) -> None:
         self._close()
@@ -75,15 +76,14 @@ class FileFollower:
         self._ino = (st.st_dev, st.st_ino)
         self._warned_missing = False
 
-    def _drain(self) -> list[str]:
-        out: list[str] = []
+    def _drain(self) -> Iterator[str]:
         assert self._f is not None
         while True:
             data = self._f.read(READ_CHUNK)
             if not data:
-                return out
+                return
             self.stats.bytes_read += len(data)
-            out.append(self._decoder.decode(data))
+            yield self._decoder.decode(data)
 
     def _close(self) -> None:
         if self._f is not None:
@@ -91,10 +91,9 @@ class FileFollower:
         self._f = None
         self._ino = None
 
-    def _failed(self, e: OSError) -> list[str]:
+    def _failed(self, e: OSError) -> None:
         if self.stats.up or not self.stats.read_errors:
             log.warning("cannot read %s: %s (retrying)", self.path, e)
         self.stats.read_errors += 1
         self.stats.up = False
         self._close()
-        return []
