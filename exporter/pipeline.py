@@ -6,7 +6,7 @@ import logging
 import time
 from collections import Counter
 
-from exporter.console.framing import Abandoned, Bar, Clear, ConsoleFramer, Event, Line
+from exporter.console.framing import ConsoleFramer
 from exporter.console.steps import StepClock
 from exporter.instruments.run import RunState
 from exporter.parsers.chain import LineParserChain
@@ -24,26 +24,33 @@ class IngestStats:
     def __init__(self) -> None:
         self.lines: Counter[tuple[str, str]] = Counter()  # (format, outcome)
         self.parse_errors: Counter[tuple[str, str]] = Counter()  # (format, reason)
+        self.bar_draws = 0  # counted apart: one per progress-bar draw is the hottest path
+
+    def line_counts(self) -> dict[tuple[str, str], int]:
+        counts = dict(self.lines)
+        if self.bar_draws:
+            counts["tqdm", "progress"] = self.bar_draws
+        return counts
 
 
 class ConsoleStream:
-    """Text of one stream (a file, stdin) in, records into `run` out."""
+    """Text of one stream (a file, stdin) in, records into `run` out. It is the framer's sink."""
 
     def __init__(self, run: RunState, stats: IngestStats, parsers: LineParserChain) -> None:
         self.run = run
         self.stats = stats
         self.parsers = parsers
-        self.framer = ConsoleFramer()
+        self.framer = ConsoleFramer(self)
         self.clock = StepClock()
         self.last_data = time.monotonic()
 
     def feed(self, text: str) -> None:
         self.last_data = time.monotonic()
-        self._events(self.framer.feed(text))
+        self.framer.feed(text)
 
     def finish(self) -> None:
         """End of input (dump, or stdin closed): the unterminated tail is a line; nothing waits."""
-        self._events(self.framer.flush())
+        self.framer.flush()
         self._ingest(self.clock.flush())
 
     def settle(self, idle_seconds: float) -> None:
@@ -51,19 +58,21 @@ class ConsoleStream:
         if time.monotonic() - self.last_data >= idle_seconds:
             self._ingest(self.clock.flush())
 
-    def _events(self, events: list[Event]) -> None:
-        for ev in events:
-            if isinstance(ev, Line):
-                self._line(ev.text)
-            elif isinstance(ev, Bar):
-                self.stats.lines["tqdm", "progress"] += 1
-                self._ingest(self.clock.bar(ev.n))
-            elif isinstance(ev, Clear):
-                self.clock.clear()
-            elif isinstance(ev, Abandoned):
-                self._error(ParseError("cut_line", ev.text[:60], "unknown"))
+    # --- the framer's sink ----------------------------------------------------------------------
 
-    def _line(self, text: str) -> None:
+    def bar(self, n: int) -> None:
+        self.stats.bar_draws += 1
+        released = self.clock.bar(n)
+        if released:
+            self._ingest(released)
+
+    def clear(self) -> None:
+        self.clock.clear()
+
+    def abandoned(self, text: str) -> None:
+        self._error(ParseError("cut_line", text[:60], "unknown"))
+
+    def line(self, text: str) -> None:
         try:
             rec = self.parsers.parse(text)
         except ParseError as e:

@@ -15,36 +15,44 @@ from conftest import TRL, fixture_captures, trainer_state
 
 from exporter.app import Exporter
 from exporter.config import Config, LogSpec
-from exporter.console.framing import Abandoned, Bar, Clear, ConsoleFramer, Line
+from exporter.console.framing import ConsoleFramer
 from exporter.console.steps import StepClock
 from exporter.parsers.chain import LineParserChain
 
 
+class RecordingSink:
+    """Framer sink that runs the parser chain and the step clock, and keeps what comes out."""
+
+    def __init__(self) -> None:
+        self.clock, self.parsers = StepClock(), LineParserChain()
+        self.records: list = []
+        self.abandoned_lines = 0
+
+    def bar(self, n: int) -> None:
+        self.records.extend(self.clock.bar(n))
+
+    def clear(self) -> None:
+        self.clock.clear()
+
+    def line(self, text: str) -> None:
+        rec = self.parsers.parse(text)
+        if rec is not None:
+            self.records.extend(self.clock.record(rec))
+
+    def abandoned(self, text: str) -> None:
+        self.abandoned_lines += 1
+
+
 def console_records(path, chunk: int):
     """Framer + parser + step clock over a file fed in chunks of `chunk` characters."""
-    framer, clock, parsers = ConsoleFramer(), StepClock(), LineParserChain()
+    sink = RecordingSink()
+    framer = ConsoleFramer(sink)
     text = path.read_bytes().decode("utf-8", "replace")
-    out, abandoned = [], 0
-
-    def events(evs):
-        nonlocal abandoned
-        for ev in evs:
-            if isinstance(ev, Bar):
-                out.extend(clock.bar(ev.n))
-            elif isinstance(ev, Clear):
-                clock.clear()
-            elif isinstance(ev, Abandoned):
-                abandoned += 1
-            elif isinstance(ev, Line):
-                rec = parsers.parse(ev.text)
-                if rec is not None:
-                    out.extend(clock.record(rec))
-
     for i in range(0, len(text), chunk):
-        events(framer.feed(text[i : i + chunk]))
-    events(framer.flush())
-    out.extend(clock.flush())
-    return out, abandoned
+        framer.feed(text[i : i + chunk])
+    framer.flush()
+    sink.records.extend(sink.clock.flush())
+    return sink.records, sink.abandoned_lines
 
 
 # Each capture is a separate run of the same seeded script: values agree, wall-clock timings do not.

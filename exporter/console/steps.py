@@ -14,6 +14,7 @@ from collections import deque
 
 from exporter.parsers.record import Record, RecordKind
 
+_NONE: list[Record] = []  # returned, never changed: most bar draws release nothing
 _MAX_QUEUED = 4096  # a stderr-only stream queues redraws that no record will take
 
 
@@ -30,7 +31,8 @@ class StepClock:
         if self._cleared:
             self._redraws.append(n)
             self._cleared = False
-        return self._release()
+            return self._release()
+        return self._release() if self._pending else _NONE
 
     def clear(self) -> None:
         self._cleared = True

@@ -124,7 +124,7 @@ class ExporterCollector(Collector):
                                      "a checkpoint) and its history was cut back.", labels=["run"])
         for name, run in ex.runs.items():
             st = ex.stats[name]
-            for (fmt, outcome), n in sorted(st.lines.items()):
+            for (fmt, outcome), n in sorted(st.line_counts().items()):
                 lines.add_metric([name, fmt, outcome], n)
             for (fmt, reason), n in sorted(st.parse_errors.items()):
                 errors.add_metric([name, fmt, reason], n)

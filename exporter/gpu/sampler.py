@@ -1,0 +1,594 @@
+"""NVML sampler: reads the GPUs visible to this pod in a background thread, one poll per interval,
+and keeps the latest reading as an immutable snapshot that scrapes only copy out.
+
+Failure behaviour (the sampler never raises into its caller):
+
+- NVML cannot start (no library, no driver, no GPU, a timeout): `nvml_up` is 0, the error is
+  counted by kind, one line is logged, and nvmlInit is retried with exponential backoff
+  (backoff_initial_seconds doubling up to backoff_max_seconds). When it comes back, one line.
+- NVML fails for every device mid-run (Uninitialized, DriverNotLoaded, ...): the same, after a
+  best-effort nvmlShutdown.
+- One field of one GPU fails (a timeout, no permission): that field is missing from this poll, the
+  others are read; one line when the field starts failing, one when it reads again.
+- A field the GPU does not have (NotSupported, FunctionNotFound): never exported, never asked again
+  until NVML is re-initialized, not an error.
+- A GPU falls off the bus (GpuIsLost, ResetRequired): its series are dropped, `posttrain_gpu_up` for
+  it is 0, the other GPUs are still read, and the lost one is probed again with backoff.
+
+The module is injected (`nvml=`), `import pynvml` by default, so tests run a fake with the same
+functions and the real exception classes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, NamedTuple
+
+from exporter.gpu.phase import PhaseConfig, PhaseReading, PhaseTracker
+
+log = logging.getLogger(__name__)
+
+# nvml.h enum values (ABI-stable), passed as arguments so the sampler does not depend on the
+# module's constants.
+NVML_TEMPERATURE_GPU = 0
+NVML_CLOCK_SM = 1
+ECC_TYPES: tuple[tuple[str, int], ...] = (("corrected", 0), ("uncorrected", 1))  # nvmlMemoryErrorType_t
+ECC_SCOPES: tuple[tuple[str, int], ...] = (("volatile", 0), ("aggregate", 1))  # nvmlEccCounterType_t
+RETIREMENT_CAUSES: tuple[tuple[str, int], ...] = (  # nvmlPageRetirementCause_t
+    ("multiple_single_bit_ecc", 0), ("double_bit_ecc", 1))
+# nvmlClocksEventReason* bits (formerly nvmlClocksThrottleReason*, same values).
+THROTTLE_REASONS: tuple[tuple[str, int], ...] = (
+    ("gpu_idle", 0x1), ("applications_clocks_setting", 0x2), ("sw_power_cap", 0x4), ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10), ("sw_thermal_slowdown", 0x20), ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80), ("display_clock_setting", 0x100),
+)
+
+# Error kinds (snake_case of the NVMLError subclass) by what they mean for the sampler.
+UNSUPPORTED = frozenset({"not_supported", "function_not_found"})
+DEVICE_LOST = frozenset({"gpu_is_lost", "reset_required"})
+NVML_DOWN = frozenset({"uninitialized", "driver_not_loaded", "library_not_found", "lib_rm_version_mismatch"})
+
+
+def error_kind(e: BaseException) -> str:
+    """`NVMLError_GpuIsLost` -> gpu_is_lost; other exceptions by their own class name."""
+    name = type(e).__name__
+    if name == "NVMLError":  # an error code this pynvml has no subclass for
+        return f"nvml_error_{getattr(e, 'value', 'unknown')}"
+    name = name.removeprefix("NVMLError_")
+    name = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
+    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()
+
+
+_THROTTLE_CACHE: dict[int, tuple[tuple[str, float], ...]] = {}
+
+
+def _throttle_series(bits: int) -> tuple[tuple[str, float], ...]:
+    """(reason, 0/1) per known reason; cached by bit pattern (they rarely change, and 2^9 at most)."""
+    bits &= (1 << 9) - 1
+    out = _THROTTLE_CACHE.get(bits)
+    if out is None:
+        out = _THROTTLE_CACHE[bits] = tuple((n, 1.0 if bits & b else 0.0) for n, b in THROTTLE_REASONS)
+    return out
+
+
+# --- which GPUs this pod sees -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Visibility:
+    source: str  # the variable it came from, or "default"
+    entries: tuple[str, ...] | None  # indices or GPU-UUIDs (or prefixes); None: every GPU NVML lists
+
+    @property
+    def none(self) -> bool:
+        return self.entries == ()
+
+
+def parse_visibility(source: str, value: str) -> Visibility:
+    v = value.strip()
+    if v.lower() == "all":
+        return Visibility(source, None)
+    if v.lower() in ("", "none", "void"):
+        return Visibility(source, ())
+    entries: list[str] = []
+    for item in (i.strip() for i in v.split(",")):
+        if item.isdigit() or item.upper().startswith("GPU-"):
+            entries.append(item)
+        elif item.upper().startswith("MIG-"):
+            log.warning("%s: MIG device %s skipped (MIG instances are not sampled)", source, item)
+        else:
+            break  # as CUDA does: an invalid entry hides itself and every entry after it ("-1" = none)
+    return Visibility(source, tuple(entries))
+
+
+def visibility_from_env(env: Mapping[str, str]) -> Visibility:
+    """CUDA_VISIBLE_DEVICES (the process's own view) wins over NVIDIA_VISIBLE_DEVICES (the container's)."""
+    for var in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
+        if var in env:
+            return parse_visibility(var, env[var])
+    return Visibility("default", None)
+
+
+def select_devices(vis: Visibility, found: list[tuple[int, str]]) -> tuple[list[int], list[str]]:
+    """NVML indices to sample (in NVML order) among `found` (index, uuid), and the entries that matched none.
+
+    Indices are NVML's (PCI bus order, as nvidia-smi); CUDA's ordinals are the same with
+    CUDA_DEVICE_ORDER=PCI_BUS_ID, and on identical GPUs. UUIDs (or unique prefixes) are exact."""
+    if vis.entries is None:
+        return [i for i, _ in found], []
+    if (vis.source == "NVIDIA_VISIBLE_DEVICES" and vis.entries and all(e.isdigit() for e in vis.entries)
+            and len(found) == len(set(vis.entries))):
+        # Inside a container the runtime already applied these host indices: NVML lists only them.
+        return [i for i, _ in found], []
+    chosen: set[int] = set()
+    unmatched: list[str] = []
+    for e in vis.entries:
+        if e.isdigit():
+            hits = [i for i, _ in found if i == int(e)]
+        else:
+            hits = [i for i, u in found if u.lower().startswith(e.lower())]
+        if len(hits) == 1:
+            chosen.add(hits[0])
+        else:
+            unmatched.append(e)
+    return sorted(chosen), unmatched
+
+
+# --- the snapshot --------------------------------------------------------------------------------
+
+
+class GpuReading(NamedTuple):
+    """One GPU at one poll. None: not read this poll (an error) or not supported by this GPU.
+
+    A NamedTuple rather than a frozen dataclass: as immutable, and a quarter of the poll's own
+    cost cheaper to build (one per GPU per poll)."""
+
+    index: int
+    uuid: str
+    model: str
+    up: bool  # False: lost (GpuIsLost); then every other field is empty
+    utilization_ratio: float | None = None
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    temperature_celsius: float | None = None
+    sm_clock_hertz: float | None = None
+    energy_joules: float | None = None
+    throttle_reasons: tuple[tuple[str, float], ...] = ()
+    ecc_errors: tuple[tuple[str, str, float], ...] = ()  # (type, scope, count)
+    retired_pages: tuple[tuple[str, float], ...] = ()  # (cause, count)
+    remapped_rows: tuple[tuple[str, float], ...] = ()  # (cause, count)
+    row_remap_pending: float | None = None
+    row_remap_failure: float | None = None
+    phase: PhaseReading | None = None
+
+    @property
+    def labels(self) -> tuple[str, str, str]:
+        return str(self.index), self.uuid, self.model
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    nvml_up: bool = False
+    gpus: tuple[GpuReading, ...] = ()
+    visible_devices: int | None = None  # None: unknown (NVML down)
+    errors: tuple[tuple[str, int], ...] = ()  # (kind, count), cumulative
+    polls: int = 0
+    poll_seconds: float = 0.0  # wall time spent polling, cumulative
+    cpu_seconds: float = 0.0  # CPU time of the polling thread spent polling, cumulative
+    last_poll_timestamp: float | None = None  # Unix time
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    interval_seconds: float = 1.0
+    backoff_initial_seconds: float = 1.0
+    backoff_max_seconds: float = 60.0
+    # ECC counts, retired pages and remapped rows change rarely: read them this often, not every poll.
+    slow_interval_seconds: float = 30.0
+    visible_devices: str | None = None  # overrides the environment (same syntax as CUDA_VISIBLE_DEVICES)
+    phase: PhaseConfig = field(default_factory=PhaseConfig)
+
+    def __post_init__(self) -> None:
+        if self.interval_seconds <= 0:
+            raise ValueError("interval_seconds must be > 0")
+        if not 0 < self.backoff_initial_seconds <= self.backoff_max_seconds:
+            raise ValueError("need 0 < backoff_initial_seconds <= backoff_max_seconds")
+        if self.slow_interval_seconds < 0:
+            raise ValueError("slow_interval_seconds must be >= 0")
+
+
+# --- internals -----------------------------------------------------------------------------------
+
+
+class _Backoff:
+    def __init__(self, initial: float, cap: float) -> None:
+        self.initial, self.cap = initial, cap
+        self.delay = initial
+        self.next_at = float("-inf")
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_at
+
+    def failed(self, now: float) -> float:
+        wait = self.delay
+        self.next_at = now + wait
+        self.delay = min(self.delay * 2.0, self.cap)
+        return wait
+
+    def reset(self) -> None:
+        self.delay = self.initial
+        self.next_at = float("-inf")
+
+
+class _DeviceLost(Exception):
+    def __init__(self, kind: str, error: BaseException) -> None:
+        super().__init__(kind)
+        self.kind, self.error = kind, error
+
+
+class _NvmlDown(Exception):
+    def __init__(self, kind: str, error: BaseException) -> None:
+        super().__init__(kind)
+        self.kind, self.error = kind, error
+
+
+@dataclass
+class _Device:
+    index: int
+    uuid: str
+    model: str
+    handle: Any
+    backoff: _Backoff
+    lost: bool = False
+    unsupported: set[str] = field(default_factory=set)
+    slow_at: float = float("-inf")  # next time the slow fields are due
+    slow: dict[str, Any] = field(default_factory=dict)  # last slow readings, carried between slow reads
+
+
+class GpuSampler:
+    """Polls NVML; `start()` runs the thread, `poll_once()` polls in the caller (tests, bench),
+    `snapshot()` returns the latest reading (for the collector)."""
+
+    def __init__(self, nvml: ModuleType | Any | None = None, config: SamplerConfig | None = None, *,
+                 env: Mapping[str, str] | None = None, clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self.config = config or SamplerConfig()
+        self._nvml = nvml
+        self._clock, self._wall = clock, wall_clock
+        cfg = self.config
+        self.visibility = (parse_visibility("config", cfg.visible_devices) if cfg.visible_devices is not None
+                           else visibility_from_env(os.environ if env is None else env))
+        self._backoff = _Backoff(cfg.backoff_initial_seconds, cfg.backoff_max_seconds)
+        self._up = False
+        self._devices: list[_Device] = []
+        self._phases: dict[str, PhaseTracker] = {}  # by UUID, so a re-init keeps the windows
+        self._errors: Counter[str] = Counter()
+        # Last logged state per key, so that a state logs one line when it changes, not one per poll:
+        # "nvml" ("up" or an error kind), "visibility", "gpu0" (a kind while lost) ...
+        self._states: dict[str, str] = {}
+        # ... and per failing field ("gpu0/power" -> kind), kept apart so the common case checks an empty dict.
+        self._field_states: dict[str, str] = {}
+        self._polls = 0
+        self._poll_seconds = 0.0
+        self._cpu_seconds = 0.0
+        self._lock = threading.Lock()
+        self._snapshot = GpuSnapshot(visible_devices=0 if self.visibility.none else None)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- public API --
+
+    def snapshot(self) -> GpuSnapshot:
+        with self._lock:
+            return self._snapshot
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():  # stuck in an NVML call: shutting NVML down under it would race
+                log.warning("GPU sampler: thread still in an NVML call after %gs; leaving it (daemon)", timeout)
+                return
+            self._thread = None
+        if self._up:
+            self._shutdown()
+            self._up = False
+
+    def poll_once(self) -> GpuSnapshot:
+        """One poll; never raises. Also what the thread runs each interval."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        readings: list[GpuReading] = []
+        try:
+            readings = self._poll(self._clock())
+        except Exception as e:  # a bug or a ctypes surprise must not kill the thread or the scrape
+            kind = error_kind(e)
+            self._errors[kind] += 1
+            if self._up:
+                self._shutdown()
+            self._up = False
+            wait = self._backoff.failed(self._clock())
+            self._transition(self._states, "nvml", kind, f"GPU sampler: unexpected {type(e).__name__}: {e}; GPU "
+                             f"metrics off, retrying NVML in {wait:g}s", logging.ERROR, exc_info=True)
+        self._polls += 1
+        self._poll_seconds += time.perf_counter() - t0
+        self._cpu_seconds += time.thread_time() - c0
+        visible = len(self._devices) if self._up else (0 if self.visibility.none else None)
+        snap = GpuSnapshot(self._up, tuple(readings), visible, tuple(sorted(self._errors.items())), self._polls,
+                           self._poll_seconds, self._cpu_seconds, self._wall())
+        with self._lock:
+            self._snapshot = snap
+        return snap
+
+    # -- the loop --
+
+    def _run(self) -> None:
+        interval = self.config.interval_seconds
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            self.poll_once()
+            next_at += interval
+            now = time.monotonic()
+            if next_at < now:  # a slow poll (an NVML timeout): skip the missed ticks, do not burst
+                next_at = now + interval
+            self._stop.wait(next_at - now)
+
+    def _poll(self, now: float) -> list[GpuReading]:
+        if self.visibility.none:
+            self._transition(self._states, "visibility", "none", f"GPU sampler: no GPU visible "
+                             f"({self.visibility.source} is empty/none); NVML not used", logging.INFO)
+            return []
+        if not self._up:
+            if not self._backoff.due(now):
+                return []
+            self._init(now)
+            if not self._up:
+                return []
+        readings = []
+        for dev in self._devices:
+            try:
+                readings.append(self._read_device(dev, now))
+            except _NvmlDown as e:
+                self._go_down(e.kind, e.error, now)
+                return []
+        # Up only once a whole poll went through: an init that succeeds before every read fails
+        # keeps backing off, and logs nothing new.
+        if self._states.get("nvml") != "up":
+            self._backoff.reset()
+            gpus = ", ".join(f"{d.index}:{d.model}" for d in self._devices) or "none"
+            self._transition(self._states, "nvml", "up", f"GPU sampler: NVML up, sampling {len(self._devices)} "
+                             f"GPU(s) ({gpus}) every {self.config.interval_seconds:g}s", logging.INFO)
+        return readings
+
+    # -- NVML lifecycle --
+
+    def _module(self) -> Any:
+        if self._nvml is None:
+            import pynvml  # lazily: a CPU-only install runs without touching libnvidia-ml
+
+            self._nvml = pynvml
+        return self._nvml
+
+    def _init(self, now: float) -> None:
+        initialized = False
+        try:
+            nvml = self._module()
+            nvml.nvmlInit()
+            initialized = True
+            found: list[tuple[int, str, str, Any]] = []
+            for i in range(nvml.nvmlDeviceGetCount()):
+                try:
+                    h = nvml.nvmlDeviceGetHandleByIndex(i)
+                    found.append((i, nvml.nvmlDeviceGetUUID(h), nvml.nvmlDeviceGetName(h), h))
+                except nvml.NVMLError as e:  # one unreadable GPU does not hide the others
+                    kind = error_kind(e)
+                    if kind in NVML_DOWN:
+                        raise
+                    self._errors[kind] += 1
+                    log.warning("GPU sampler: GPU %d unreadable at NVML init (%s: %s); skipped until NVML is "
+                                "re-initialized", i, kind, e)
+        except Exception as e:
+            if initialized:
+                self._shutdown()
+            self._go_down(error_kind(e), e, now)
+            return
+        chosen, unmatched = select_devices(self.visibility, [(i, u) for i, u, _, _ in found])
+        if unmatched:
+            log.warning("GPU sampler: %s entries %s match no GPU NVML lists (%s)", self.visibility.source,
+                        ",".join(unmatched), ", ".join(f"{i}:{u}" for i, u, _, _ in found) or "none")
+        cfg = self.config
+        keep = set(chosen)
+        self._devices = [_Device(i, u, m, h, _Backoff(cfg.backoff_initial_seconds, cfg.backoff_max_seconds))
+                         for i, u, m, h in found if i in keep]
+        self._up = True
+        # A fresh start: earlier GPU and field states are moot (the "NVML up" line lists the GPUs).
+        self._field_states.clear()
+        for key in [k for k in self._states if k.startswith("gpu")]:
+            del self._states[key]
+
+    def _go_down(self, kind: str, error: BaseException, now: float) -> None:
+        self._errors[kind] += 1
+        if self._up:
+            self._shutdown()
+        self._up = False
+        self._devices = []
+        wait = self._backoff.failed(now)
+        self._transition(self._states, "nvml", kind, f"GPU sampler: NVML unavailable ({kind}: {error}); GPU "
+                         f"metrics off, retrying with backoff (next in {wait:g}s, then at most every "
+                         f"{self.config.backoff_max_seconds:g}s)", logging.WARNING)
+
+    def _shutdown(self) -> None:
+        try:
+            self._module().nvmlShutdown()
+        except Exception as e:  # the library may be the thing that broke; nothing to do about it
+            log.debug("nvmlShutdown failed: %s", e)
+
+    # -- one GPU --
+
+    def _read_device(self, dev: _Device, now: float) -> GpuReading:
+        if dev.lost and not self._probe(dev, now):
+            return GpuReading(dev.index, dev.uuid, dev.model, up=False)
+        try:
+            return self._read_fields(dev, now)
+        except _DeviceLost as e:
+            dev.lost = True
+            wait = dev.backoff.failed(now)
+            self._transition(self._states, f"gpu{dev.index}", e.kind, f"GPU sampler: GPU {dev.index} ({dev.uuid}) "
+                             f"lost ({e.kind}: {e.error}); its series are dropped, probing again in {wait:g}s",
+                             logging.WARNING)
+            return GpuReading(dev.index, dev.uuid, dev.model, up=False)
+
+    def _probe(self, dev: _Device, now: float) -> bool:
+        """A lost GPU comes back (after a reset) with a new handle, found by its UUID."""
+        if not dev.backoff.due(now):
+            return False
+        nvml = self._nvml
+        try:
+            h = nvml.nvmlDeviceGetHandleByUUID(dev.uuid)
+            nvml.nvmlDeviceGetMemoryInfo(h)
+        except nvml.NVMLError as e:
+            kind = error_kind(e)
+            self._errors[kind] += 1
+            if kind in NVML_DOWN:
+                raise _NvmlDown(kind, e) from e
+            dev.backoff.failed(now)
+            return False
+        dev.handle, dev.lost = h, False
+        dev.unsupported.clear()
+        dev.slow_at = float("-inf")
+        dev.backoff.reset()
+        self._transition(self._states, f"gpu{dev.index}", None, f"GPU sampler: GPU {dev.index} ({dev.uuid}) is "
+                         "back", logging.INFO)
+        return True
+
+    def _call(self, dev: _Device, fld: str, fn_name: str, *args: Any) -> Any:
+        """One NVML read of one field; None when the field is unsupported or failed this time."""
+        if fld in dev.unsupported:
+            return None
+        nvml = self._nvml
+        fn = getattr(nvml, fn_name, None)
+        if fn is None:  # an older pynvml without this function
+            dev.unsupported.add(fld)
+            return None
+        try:
+            value = fn(dev.handle, *args)
+        except nvml.NVMLError as e:
+            kind = error_kind(e)
+            if kind in UNSUPPORTED:
+                dev.unsupported.add(fld)
+                log.debug("GPU %d: %s not supported (%s)", dev.index, fld, kind)
+                return None
+            self._errors[kind] += 1
+            if kind in DEVICE_LOST:
+                raise _DeviceLost(kind, e) from e
+            if kind in NVML_DOWN:
+                raise _NvmlDown(kind, e) from e
+            self._transition(self._field_states, f"gpu{dev.index}/{fld}", kind, f"GPU sampler: GPU {dev.index} "
+                             f"{fld} unreadable ({kind}: {e}); other fields still exported", logging.WARNING)
+            return None
+        except Exception as e:  # not an NVMLError (a ctypes surprise): contained to this field all the same
+            kind = error_kind(e)
+            self._errors[kind] += 1
+            self._transition(self._field_states, f"gpu{dev.index}/{fld}", kind, f"GPU sampler: GPU {dev.index} "
+                             f"{fld} unreadable (unexpected {type(e).__name__}: {e}); other fields still exported",
+                             logging.ERROR, exc_info=True)
+            return None
+        if self._field_states and f"gpu{dev.index}/{fld}" in self._field_states:
+            self._transition(self._field_states, f"gpu{dev.index}/{fld}", None, f"GPU sampler: GPU {dev.index} "
+                             f"{fld} readable again", logging.INFO)
+        return value
+
+    def _read_fields(self, dev: _Device, now: float) -> GpuReading:
+        c = self._call
+        util = c(dev, "utilization", "nvmlDeviceGetUtilizationRates")
+        mem = c(dev, "memory", "nvmlDeviceGetMemoryInfo")
+        power_mw = c(dev, "power", "nvmlDeviceGetPowerUsage")
+        limit_mw = c(dev, "power_limit", "nvmlDeviceGetEnforcedPowerLimit")
+        temp = c(dev, "temperature", "nvmlDeviceGetTemperature", NVML_TEMPERATURE_GPU)
+        sm_mhz = c(dev, "sm_clock", "nvmlDeviceGetClockInfo", NVML_CLOCK_SM)
+        energy_mj = c(dev, "energy", "nvmlDeviceGetTotalEnergyConsumption")
+        bits = c(dev, "clock_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons")
+        if bits is None and "clock_event_reasons" in dev.unsupported:  # drivers before 535
+            bits = c(dev, "throttle_reasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+        if now >= dev.slow_at:
+            self._read_slow(dev)
+            dev.slow_at = now + self.config.slow_interval_seconds
+        utilization = None if util is None else util.gpu / 100.0
+        throttle = () if bits is None else _throttle_series(bits)
+        power = None if power_mw is None else power_mw / 1000.0
+        phase = None
+        if utilization is not None and power is not None:
+            tracker = self._phases.get(dev.uuid)
+            if tracker is None:
+                tracker = self._phases[dev.uuid] = PhaseTracker(self.config.phase, self.config.interval_seconds)
+            phase = tracker.update(now, utilization, power)
+        slow = dev.slow
+        remap = slow.get("remapped_rows")
+        return GpuReading(
+            dev.index, dev.uuid, dev.model, True,
+            utilization_ratio=utilization,
+            memory_used_bytes=None if mem is None else float(mem.used),
+            memory_total_bytes=None if mem is None else float(mem.total),
+            power_watts=power,
+            power_limit_watts=None if limit_mw is None else limit_mw / 1000.0,
+            temperature_celsius=None if temp is None else float(temp),
+            sm_clock_hertz=None if sm_mhz is None else sm_mhz * 1e6,
+            energy_joules=None if energy_mj is None else energy_mj / 1000.0,
+            throttle_reasons=throttle,
+            ecc_errors=slow.get("ecc", ()),
+            retired_pages=slow.get("retired_pages", ()),
+            remapped_rows=() if remap is None else (("correctable_error", float(remap[0])),
+                                                    ("uncorrectable_error", float(remap[1]))),
+            row_remap_pending=None if remap is None else float(bool(remap[2])),
+            row_remap_failure=None if remap is None else float(bool(remap[3])),
+            phase=phase,
+        )
+
+    def _read_slow(self, dev: _Device) -> None:
+        # A failed read keeps the last value: these are counters of rare events, a stale count is
+        # closer to the truth than a gap in the series.
+        ecc = []
+        for tname, t in ECC_TYPES:
+            for sname, s in ECC_SCOPES:
+                n = self._call(dev, f"ecc_{tname}_{sname}", "nvmlDeviceGetTotalEccErrors", t, s)
+                if n is not None:
+                    ecc.append((tname, sname, float(n)))
+        pages = []
+        for cname, cause in RETIREMENT_CAUSES:
+            lst = self._call(dev, f"retired_pages_{cname}", "nvmlDeviceGetRetiredPages", cause)
+            if lst is not None:
+                pages.append((cname, float(len(lst))))
+        rows = self._call(dev, "remapped_rows", "nvmlDeviceGetRemappedRows")
+        for key, value in (("ecc", tuple(ecc)), ("retired_pages", tuple(pages)), ("remapped_rows", rows)):
+            if value:
+                dev.slow[key] = value
+
+    # -- one log line per state change --
+
+    @staticmethod
+    def _transition(states: dict[str, str], key: str, state: str | None, message: str, level: int,
+                    exc_info: bool = False) -> None:
+        """Log `message` only when `key` changes state (None: fine, forgotten)."""
+        if states.get(key) == state:
+            return
+        if state is None:
+            del states[key]
+        else:
+            states[key] = state
+        log.log(level, message, exc_info=exc_info)
