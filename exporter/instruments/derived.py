@@ -93,16 +93,20 @@ class DerivedState:
         self._rules = {inst: [(level, getattr(self._t, name), side == "above") for level, name, side in rules]
                        for inst, rules in _BREACH_RULES.items()}
         self._breach_labels: dict[tuple[str, SeriesKey, str], Labels] = {}
+        self._checked: dict[tuple[SeriesKey, ...], list[SeriesKey]] = {}
 
     # --- per record -----------------------------------------------------------------------------
 
     def on_record(self, series: dict[SeriesKey, Series], updated: dict[SeriesKey, float], step: int) -> None:
         self._dirty.update(updated)
-        for key, value in updated.items():
-            inst = key[0]
-            if inst in _BREACH_RULES:
-                self._breach(key, value)
-            if inst == "reward_component_std":
+        shape = tuple(updated)
+        checked = self._checked.get(shape)
+        if checked is None:  # the keys with per-record rules, once per record shape
+            checked = self._checked[shape] = [k for k in shape if k[0] in _BREACH_RULES]
+        for key in checked:
+            value = updated[key]
+            self._breach(key, value)
+            if key[0] == "reward_component_std":
                 self._set("posttrain_reward_component_dead", (("component", key[1] or ""),),
                           1.0 if value < self._t.component_std_min else 0.0)
         get = updated.get

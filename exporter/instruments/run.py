@@ -66,9 +66,15 @@ class RunState:
             s = series.get(sk)
             if s is None:
                 s = series[sk] = Series(self.limits.history_limit)
-            s.add(step, value)
-            if value - value == 0.0:  # no NaN, no inf
+            if value - value == 0.0 and s.history and s.history[-1][0] < step:
+                # Series.add's common case inlined: this loop runs for every key of every record.
+                s.last_value, s.last_step = value, step
+                s.history.append((step, value))
                 finite[sk] = value
+            else:
+                s.add(step, value)
+                if value - value == 0.0:  # no NaN, no inf
+                    finite[sk] = value
         if finite:
             self.derived.on_record(series, finite, step)
 
