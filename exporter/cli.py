@@ -17,6 +17,7 @@ from exporter.config import DEFAULT_LISTEN, Config, ConfigError, LogSpec, defaul
 from exporter.config import parse_listen_address as _parse_listen
 from exporter.exposition.collector import ExporterCollector
 from exporter.exposition.server import build_app, serve_http
+from exporter.gpu import GpuCollector, GpuSampler, SamplerConfig
 from exporter.parsers.chain import BUILTIN_FORMATS, FILE_FORMATS
 from exporter.sources.replay import ReplayReader, demo_log_text
 
@@ -47,12 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--listen-address", help=f"HOST:PORT to serve on (default {DEFAULT_LISTEN})")
     s.add_argument("--run", help="run label for the logs given with --log (default: the file's stem)")
     s.add_argument("--format", default="auto", help=f"pin the line format ({', '.join(formats)}, or a config one)")
+    s.add_argument("--no-gpu", action="store_true", help="do not sample GPUs through NVML")
 
     d = sub.add_parser("dump", help="read logs to their end and print the Prometheus exposition")
     d.add_argument("paths", nargs="+", metavar="PATH", help="log file(s); '-' reads standard input")
     d.add_argument("--config", help="YAML config file")
     d.add_argument("--run", help="run label (default: the file's stem)")
     d.add_argument("--format", default="auto", help=f"pin the line format ({', '.join(formats)})")
+    d.add_argument("--no-gpu", action="store_true", help="leave out the GPU families (one NVML poll otherwise)")
 
     m = sub.add_parser("demo", help="replay a bundled real TRL GRPO log at an accelerated pace and serve /metrics")
     m.add_argument("--listen-address", default=DEFAULT_LISTEN, help=f"HOST:PORT (default {DEFAULT_LISTEN})")
@@ -75,12 +78,21 @@ def _specs(cfg: Config, paths: list[str], run: str | None, fmt: str) -> list[Log
     return specs
 
 
-def _registry(exporter: Exporter, with_process: bool) -> CollectorRegistry:
+def _registry(exporter: Exporter, with_process: bool, gpu: GpuSampler | None = None) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(ExporterCollector(exporter))
+    if gpu is not None:
+        reg.register(GpuCollector(gpu))
     if with_process:
         ProcessCollector(registry=reg)  # CPU and memory of the sidecar itself, for sizing
     return reg
+
+
+def _gpu_sampler(cfg: Config, disabled: bool) -> GpuSampler | None:
+    if disabled or not cfg.gpu.enabled:
+        return None
+    return GpuSampler(config=SamplerConfig(interval_seconds=cfg.gpu.interval_seconds,
+                                           visible_devices=cfg.gpu.visible_devices))
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
@@ -95,23 +107,34 @@ def cmd_dump(args: argparse.Namespace) -> int:
                 raise UsageError(f"cannot read log {s.path}: {e.strerror}") from None
     exporter = Exporter(cfg, specs)
     exporter.read_to_end()
-    sys.stdout.buffer.write(generate_latest(_registry(exporter, with_process=False)))
+    gpu = _gpu_sampler(cfg, args.no_gpu)
+    if gpu is not None:
+        gpu.poll_once()  # one reading of the GPUs as they are now
+    try:
+        sys.stdout.buffer.write(generate_latest(_registry(exporter, False, gpu)))
+    finally:
+        if gpu is not None:
+            gpu.stop()
     return 0
 
 
-def _serve(exporter: Exporter, listen: str, loop) -> int:
+def _serve(exporter: Exporter, listen: str, loop, gpu: GpuSampler | None = None) -> int:
     host, port, _ = _parse_listen(listen)
     try:
-        httpd = serve_http(host, port, build_app(_registry(exporter, True), lambda: exporter.heartbeat))
+        httpd = serve_http(host, port, build_app(_registry(exporter, True, gpu), lambda: exporter.heartbeat))
     except OSError as e:
         raise UsageError(f"cannot listen on {listen}: {e.strerror}; pick another with --listen-address") from None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if gpu is not None:
+        gpu.start()
     try:
         loop(stop)
     finally:
         httpd.shutdown()
+        if gpu is not None:
+            gpu.stop()
     return 0
 
 
@@ -121,7 +144,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     exporter = Exporter(cfg, specs)
     listen = args.listen_address or cfg.listen_address
     _parse_listen(listen)
-    return _serve(exporter, listen, exporter.follow_forever)
+    return _serve(exporter, listen, exporter.follow_forever, _gpu_sampler(cfg, args.no_gpu))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -145,7 +168,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             exporter.poll_once()
             stop.wait(cfg.poll_interval_seconds)
 
-    return _serve(exporter, args.listen_address, loop)
+    return _serve(exporter, args.listen_address, loop, _gpu_sampler(cfg, False))
 
 
 def main(argv: list[str] | None = None) -> int:

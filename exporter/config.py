@@ -27,6 +27,13 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class GpuSettings:
+    enabled: bool = True  # NVML absent is not an error: posttrain_gpu_nvml_up says 0
+    interval_seconds: float = 1.0
+    visible_devices: str | None = None  # default: CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES
+
+
+@dataclass(frozen=True)
 class LogSpec:
     path: str
     run: str
@@ -44,6 +51,7 @@ class Config:
     history_limit: int = 2048
     run: str | None = None  # default run label
     derived: DerivedSettings = field(default_factory=DerivedSettings)
+    gpu: GpuSettings = field(default_factory=lambda: GpuSettings())
 
 
 def default_run_name(path: str) -> str:
@@ -87,7 +95,7 @@ def _number(raw: dict, key: str, default: float, *, integer: bool = False, minim
 
 
 KNOWN_KEYS = {"run", "listen_address", "poll_interval_seconds", "logs", "formats", "aliases", "limits", "windows",
-              "thresholds", "baselines"}
+              "thresholds", "baselines", "gpu"}
 
 
 def parse_config(raw: Any) -> Config:
@@ -112,6 +120,14 @@ def parse_config(raw: Any) -> Config:
     cfg.max_keys = _number(limits, "max_keys", 500, integer=True, section="limits")
     cfg.history_limit = _number(limits, "history_limit", 2048, integer=True, minimum=1, section="limits")
     cfg.derived = _derived(raw)
+    gpu = _section(raw, "gpu", {"enabled", "interval_seconds", "visible_devices"})
+    enabled = gpu.get("enabled", True)
+    _expect(isinstance(enabled, bool), "gpu.enabled", f"must be true or false, got {enabled!r}")
+    devices = gpu.get("visible_devices")
+    _expect(devices is None or isinstance(devices, str | int), "gpu.visible_devices",
+            "must be a string like '0,1' or 'GPU-<uuid>'")
+    cfg.gpu = GpuSettings(enabled, _number(gpu, "interval_seconds", 1.0, section="gpu"),
+                          None if devices is None else str(devices))
     return cfg
 
 

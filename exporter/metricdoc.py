@@ -70,6 +70,10 @@ def render() -> str:
     for metric, doc in DERIVED_HELP.items():
         lines.append(f"| `{metric}` | {DERIVED_SEED[metric]} | {doc} |")
     lines.append("")
+    lines.append("## GPU (NVML)\n")
+    lines.append("The `posttrain_gpu_*` families (utilization, memory, power, temperature, clocks, energy, throttle "
+                 "reasons, ECC, the generation/training phase, and NVML's own health) are listed in "
+                 "[gpu.md](gpu.md).\n")
     lines.append("## All families\n")
     lines.append("| metric | type | labels | meaning |")
     lines.append("| --- | --- | --- | --- |")

@@ -99,6 +99,17 @@ def test_dump_output_passes_promtool_check_metrics() -> None:
         assert res.returncode == 0 and not res.stdout.strip() and not res.stderr.strip(), (run, capture, res)
 
 
+def test_dump_includes_nvml_health_and_training_metrics_are_unaffected() -> None:
+    """On a machine without NVML (CI) the GPU families say so; the training series are all there."""
+    with_gpu = samples(dump(TRL / "grpo" / "stdout.log"))
+    res = run_cli("dump", str(TRL / "grpo" / "stdout.log"), "--no-gpu")
+    without = samples(res.stdout.decode())
+    assert with_gpu["posttrain_gpu_nvml_up", frozenset()] in (0.0, 1.0)
+    assert not any(name.startswith("posttrain_gpu_") for name, _ in without)
+    training = {k: v for k, v in with_gpu.items() if not k[0].startswith(("posttrain_gpu_", "posttrain_exporter_"))}
+    assert training and all(without[k] == v or (v != v and without[k] != without[k]) for k, v in training.items())
+
+
 def test_dump_reads_standard_input() -> None:
     res = run_cli("dump", "-", "--run", "piped", stdin=(TRL / "dpo" / "combined.log").read_bytes())
     assert res.returncode == 0

@@ -3,7 +3,7 @@ and keeps the latest reading as an immutable snapshot that scrapes only copy out
 
 Failure behaviour (the sampler never raises into its caller):
 
-- NVML cannot start (no library, no driver, no GPU, a timeout): `nvml_up` is 0, the error is
+- NVML cannot start (no library, no driver, a timeout): `nvml_up` is 0, the error is
   counted by kind, one line is logged, and nvmlInit is retried with exponential backoff
   (backoff_initial_seconds doubling up to backoff_max_seconds). When it comes back, one line.
 - NVML fails for every device mid-run (Uninitialized, DriverNotLoaded, ...): the same, after a

@@ -1,0 +1,660 @@
+"""The GPU sampler, phase rule and collector against a fake NVML (tests/fake_nvml.py) that raises
+pynvml's own exception classes; the real pynvml where it can run here (no driver: the failure path);
+the exposition through the real promtool. Polls are driven by hand with a fake clock: no sleeps."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import random
+import subprocess
+import time
+
+import pynvml
+import pytest
+from conftest import require_binary
+from fake_nvml import FakeGpu, FakeNvml, h100s
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.gpu import GpuCollector, GpuSampler, PhaseConfig, PhaseTracker, SamplerConfig
+from exporter.gpu.sampler import error_kind, parse_visibility, select_devices, visibility_from_env
+
+LOGGER = "exporter.gpu.sampler"
+
+
+class Clock:
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(fake: FakeNvml, clock: Clock | None = None, env: dict[str, str] | None = None, **cfg) -> GpuSampler:
+    return GpuSampler(fake, SamplerConfig(**cfg), env=env or {}, clock=clock or Clock(), wall_clock=lambda: 1.7e9)
+
+
+def scrape(sampler: GpuSampler) -> str:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(GpuCollector(sampler))
+    return generate_latest(reg).decode()
+
+
+def samples(text: str) -> dict[tuple[str, frozenset], float]:
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def value(text: str, name: str, **labels: str) -> float | None:
+    for (n, lbls), v in samples(text).items():
+        if n == name and all((k, v2) in lbls for k, v2 in labels.items()):
+            return v
+    return None
+
+
+def gpus_of(text: str, name: str) -> set[str]:
+    return {dict(lbls)["gpu"] for n, lbls in samples(text) if n == name}
+
+
+def warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno >= logging.WARNING]
+
+
+def infos(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.INFO]
+
+
+# --- the fake is faithful where the sampler can tell ----------------------------------------------
+
+
+def test_fake_has_pynvml_signatures_and_exception_classes() -> None:
+    fake = FakeNvml(h100s(1))
+    names = [n for n in dir(FakeNvml) if n.startswith("nvml") and callable(getattr(FakeNvml, n))]
+    assert len(names) >= 18
+    for name in names:
+        real = inspect.signature(getattr(pynvml, name))
+        assert inspect.signature(getattr(fake, name)) == real, name
+    with pytest.raises(pynvml.NVMLError_Uninitialized) as e:
+        fake.nvmlDeviceGetCount()
+    assert e.value.value == pynvml.NVML_ERROR_UNINITIALIZED
+    fake.nvmlInit()
+    fake.gpus[0].lost = True
+    h = FakeNvml.nvmlDeviceGetHandleByUUID  # the handle of a lost GPU cannot be had either
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        h(fake, fake.gpus[0].uuid)
+    assert fake.NVMLError is pynvml.NVMLError and fake.NVMLError_Timeout is pynvml.NVMLError_Timeout
+
+
+def test_error_kinds_are_snake_case_class_names() -> None:
+    assert error_kind(pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)) == "gpu_is_lost"
+    assert error_kind(pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)) == "library_not_found"
+    assert error_kind(pynvml.NVMLError(pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)) == "lib_rm_version_mismatch"
+    assert error_kind(pynvml.NVMLError_Timeout()) == "timeout"
+    assert error_kind(pynvml.NVMLError(12345)) == "nvml_error_12345"
+    assert error_kind(OSError("x")) == "os_error"
+    assert error_kind(ModuleNotFoundError("x")) == "module_not_found_error"
+
+
+# --- several GPUs, every family --------------------------------------------------------------------
+
+
+def test_several_gpus_every_field_in_prometheus_units() -> None:
+    gpus = h100s(4, utilization=50, power_mw=350_500)
+    gpus[2] = FakeGpu(uuid="GPU-22222222-aaaa-bbbb-cccc-000000000002", name="NVIDIA A100-SXM4-40GB",
+                      memory_total=40 * 2**30, memory_used=30 * 2**30, utilization=97, power_mw=398_250,
+                      power_limit_mw=400_000, temperature=71, sm_clock_mhz=1410, energy_mj=5_000_000,
+                      throttle_reasons=0x4 | 0x20, ecc={(0, 0): 3, (0, 1): 12, (1, 1): 1},
+                      retired_pages={0: [0x1000, 0x2000], 1: [0x3000]}, remapped_rows=(2, 1, 1, 0))
+    fake = FakeNvml(gpus)
+    s = make(fake)
+    snap = s.poll_once()
+    assert snap.nvml_up and snap.visible_devices == 4 and [g.index for g in snap.gpus] == [0, 1, 2, 3]
+    text = scrape(s)
+    a100 = {"gpu": "2", "uuid": gpus[2].uuid, "model": "NVIDIA A100-SXM4-40GB"}
+    assert value(text, "posttrain_gpu_nvml_up") == 1
+    assert value(text, "posttrain_gpu_visible_devices") == 4
+    assert value(text, "posttrain_gpu_up", **a100) == 1
+    assert value(text, "posttrain_gpu_utilization_ratio", **a100) == pytest.approx(0.97)
+    assert value(text, "posttrain_gpu_memory_used_bytes", **a100) == 30 * 2**30
+    assert value(text, "posttrain_gpu_memory_total_bytes", **a100) == 40 * 2**30
+    assert value(text, "posttrain_gpu_power_watts", **a100) == pytest.approx(398.25)
+    assert value(text, "posttrain_gpu_power_limit_watts", **a100) == 400
+    assert value(text, "posttrain_gpu_temperature_celsius", **a100) == 71
+    assert value(text, "posttrain_gpu_sm_clock_hertz", **a100) == 1.41e9
+    assert value(text, "posttrain_gpu_energy_joules_total", **a100) == 5000
+    assert value(text, "posttrain_gpu_throttle_reason", **a100, reason="sw_power_cap") == 1
+    assert value(text, "posttrain_gpu_throttle_reason", **a100, reason="sw_thermal_slowdown") == 1
+    assert value(text, "posttrain_gpu_throttle_reason", **a100, reason="hw_slowdown") == 0
+    assert value(text, "posttrain_gpu_ecc_errors_total", **a100, type="corrected", scope="volatile") == 3
+    assert value(text, "posttrain_gpu_ecc_errors_total", **a100, type="corrected", scope="aggregate") == 12
+    assert value(text, "posttrain_gpu_ecc_errors_total", **a100, type="uncorrected", scope="aggregate") == 1
+    assert value(text, "posttrain_gpu_retired_pages_total", **a100, cause="multiple_single_bit_ecc") == 2
+    assert value(text, "posttrain_gpu_retired_pages_total", **a100, cause="double_bit_ecc") == 1
+    assert value(text, "posttrain_gpu_remapped_rows_total", **a100, cause="correctable_error") == 2
+    assert value(text, "posttrain_gpu_remapped_rows_total", **a100, cause="uncorrectable_error") == 1
+    assert value(text, "posttrain_gpu_row_remap_pending", **a100) == 1
+    assert value(text, "posttrain_gpu_row_remap_failure", **a100) == 0
+    assert value(text, "posttrain_gpu_power_watts", gpu="0") == pytest.approx(350.5)
+    assert gpus_of(text, "posttrain_gpu_utilization_ratio") == {"0", "1", "2", "3"}
+    assert value(text, "posttrain_gpu_nvml_errors_total") is None  # nothing failed
+    fake.advance(10)
+    s.poll_once()
+    assert value(scrape(s), "posttrain_gpu_energy_joules_total", **a100) == pytest.approx(5000 + 10 * 398.25)
+
+
+def test_a_scrape_only_reads_the_snapshot() -> None:
+    fake = FakeNvml(h100s(2, utilization=90, power_mw=500_000))
+    s = make(fake)
+    s.poll_once()
+    calls = sum(fake.calls.values())
+    texts = {scrape(s) for _ in range(3)}
+    assert sum(fake.calls.values()) == calls and len(texts) == 1
+
+
+def test_not_supported_fields_are_absent_not_errors_and_not_asked_again() -> None:
+    gpu = h100s(1)[0]
+    gpu.unsupported = {"nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetTotalEccErrors",
+                       "nvmlDeviceGetRetiredPages", "nvmlDeviceGetRemappedRows"}
+    fake = FakeNvml([gpu])
+    s = make(fake, slow_interval_seconds=0)
+    for _ in range(3):
+        s.poll_once()
+    text = scrape(s)
+    for name in ("posttrain_gpu_energy_joules_total", "posttrain_gpu_ecc_errors_total",
+                 "posttrain_gpu_retired_pages_total", "posttrain_gpu_remapped_rows_total",
+                 "posttrain_gpu_row_remap_pending"):
+        assert value(text, name) is None, name
+    assert value(text, "posttrain_gpu_power_watts") == 70
+    assert value(text, "posttrain_gpu_nvml_errors_total") is None
+    assert fake.calls["nvmlDeviceGetTotalEnergyConsumption"] == 1
+    assert fake.calls["nvmlDeviceGetTotalEccErrors"] == 4  # each type x scope asked once, then off
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 3
+
+
+def test_slow_fields_are_read_every_slow_interval_and_carried() -> None:
+    clock = Clock()
+    gpu = h100s(1)[0]
+    gpu.ecc = {(1, 0): 4}
+    fake = FakeNvml([gpu])
+    s = make(fake, clock, slow_interval_seconds=30)
+    for t in range(31):
+        clock.t = t
+        s.poll_once()
+        assert value(scrape(s), "posttrain_gpu_ecc_errors_total", type="uncorrected", scope="volatile") == 4
+    assert fake.calls["nvmlDeviceGetTotalEccErrors"] == 2 * 4
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 31
+
+
+def test_old_pynvml_or_driver_falls_back_to_throttle_reasons() -> None:
+    for fake in (FakeNvml(h100s(1, throttle_reasons=0x5), missing=["nvmlDeviceGetCurrentClocksEventReasons"]),
+                 FakeNvml(h100s(1, throttle_reasons=0x5))):
+        if not hasattr(fake, "nvmlDeviceGetCurrentClocksEventReasons"):
+            assert getattr(fake, "nvmlDeviceGetCurrentClocksEventReasons", None) is None
+        else:  # a driver older than the function: FunctionNotFound
+            fake.gpus[0].errors["nvmlDeviceGetCurrentClocksEventReasons"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+        s = make(fake)
+        s.poll_once()
+        s.poll_once()
+        text = scrape(s)
+        assert value(text, "posttrain_gpu_throttle_reason", reason="gpu_idle") == 1
+        assert value(text, "posttrain_gpu_throttle_reason", reason="sw_power_cap") == 1
+        assert value(text, "posttrain_gpu_throttle_reason", reason="hw_slowdown") == 0
+        assert fake.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] == 2
+        assert value(text, "posttrain_gpu_nvml_errors_total") is None
+
+
+# --- per-field errors, timeouts -------------------------------------------------------------------
+
+
+def test_an_error_on_one_field_leaves_the_other_fields(caplog) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    gpus = h100s(2, utilization=95, power_mw=600_000)
+    gpus[1].errors["nvmlDeviceGetPowerUsage"] = pynvml.NVML_ERROR_NO_PERMISSION
+    fake = FakeNvml(gpus)
+    s = make(fake)
+    for _ in range(5):
+        s.poll_once()
+    text = scrape(s)
+    assert gpus_of(text, "posttrain_gpu_power_watts") == {"0"}
+    for name in ("posttrain_gpu_utilization_ratio", "posttrain_gpu_memory_used_bytes", "posttrain_gpu_sm_clock_hertz",
+                 "posttrain_gpu_temperature_celsius", "posttrain_gpu_power_limit_watts"):
+        assert gpus_of(text, name) == {"0", "1"}, name
+    assert gpus_of(text, "posttrain_gpu_phase") == {"0"}  # the phase needs the power
+    assert value(text, "posttrain_gpu_up", gpu="1") == 1
+    assert value(text, "posttrain_gpu_nvml_errors_total", kind="no_permission") == 5
+    assert len(warnings(caplog)) == 1 and "GPU 1 power unreadable (no_permission" in warnings(caplog)[0]
+    del gpus[1].errors["nvmlDeviceGetPowerUsage"]
+    s.poll_once()
+    s.poll_once()
+    assert gpus_of(scrape(s), "posttrain_gpu_power_watts") == {"0", "1"}
+    assert [m for m in infos(caplog) if "readable again" in m] == ["GPU sampler: GPU 1 power readable again"]
+
+
+def test_a_field_that_times_out_is_skipped_for_that_poll() -> None:
+    gpus = h100s(2, utilization=95)
+    gpus[0].errors["nvmlDeviceGetTemperature"] = pynvml.NVML_ERROR_TIMEOUT
+    fake = FakeNvml(gpus, timeout_seconds=0.05)
+    s = make(fake)
+    t0 = time.perf_counter()
+    snap = s.poll_once()
+    assert time.perf_counter() - t0 >= 0.05 and snap.poll_seconds >= 0.05  # the slow call shows in poll_seconds
+    text = scrape(s)
+    assert gpus_of(text, "posttrain_gpu_temperature_celsius") == {"1"}
+    assert gpus_of(text, "posttrain_gpu_power_watts") == {"0", "1"}
+    assert value(text, "posttrain_gpu_nvml_errors_total", kind="timeout") == 1
+    assert value(text, "posttrain_gpu_nvml_up") == 1
+
+
+def test_nvml_init_that_times_out_is_retried() -> None:
+    clock = Clock()
+    fake = FakeNvml(h100s(1), init_error=pynvml.NVML_ERROR_TIMEOUT)
+    s = make(fake, clock)
+    assert not s.poll_once().nvml_up
+    assert value(scrape(s), "posttrain_gpu_nvml_errors_total", kind="timeout") == 1
+    fake.init_error = None
+    clock.t = 1.0
+    assert s.poll_once().nvml_up
+
+
+# --- lost GPUs, NVML missing or failing -----------------------------------------------------------
+
+
+def test_a_gpu_lost_mid_run_drops_its_series_and_keeps_the_others(caplog) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    clock = Clock()
+    gpus = h100s(3, utilization=95, power_mw=600_000)
+    fake = FakeNvml(gpus)
+    s = make(fake, clock, backoff_initial_seconds=1, backoff_max_seconds=4)
+    s.poll_once()
+    gpus[1].lost = True
+    for t in range(1, 8):
+        clock.t = t
+        snap = s.poll_once()
+        assert snap.nvml_up and [g.up for g in snap.gpus] == [True, False, True]
+    text = scrape(s)
+    assert value(text, "posttrain_gpu_up", gpu="1", uuid=gpus[1].uuid) == 0
+    for name in ("posttrain_gpu_utilization_ratio", "posttrain_gpu_power_watts", "posttrain_gpu_phase",
+                 "posttrain_gpu_throttle_reason", "posttrain_gpu_energy_joules_total"):
+        assert gpus_of(text, name) == {"0", "2"}, name
+    # lost at t=1, probed again at 2, 4 (backoff 1, 2, then capped at 4): 3 errors
+    assert value(text, "posttrain_gpu_nvml_errors_total", kind="gpu_is_lost") == 3
+    assert fake.calls["nvmlDeviceGetHandleByUUID"] == 2
+    assert len(warnings(caplog)) == 1 and "GPU 1" in warnings(caplog)[0] and "lost (gpu_is_lost" in warnings(caplog)[0]
+    gpus[1].lost = False  # reset: the GPU answers again, under a new handle
+    clock.t = 8
+    s.poll_once()
+    text = scrape(s)
+    assert value(text, "posttrain_gpu_up", gpu="1") == 1
+    assert gpus_of(text, "posttrain_gpu_power_watts") == {"0", "1", "2"}
+    assert any("GPU 1" in m and "is back" in m for m in infos(caplog))
+
+
+def test_nvml_library_missing_exports_up_zero_and_backs_off(caplog) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    clock = Clock()
+    fake = FakeNvml(h100s(2), init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    s = make(fake, clock)
+    for i in range(5):
+        clock.t = i * 0.25
+        snap = s.poll_once()
+        assert not snap.nvml_up and snap.gpus == () and snap.polls == i + 1
+    assert fake.calls["nvmlInit"] == 2  # at 0 and at 1 s; the polls between wait for the backoff
+    text = scrape(s)
+    assert value(text, "posttrain_gpu_nvml_up") == 0
+    assert value(text, "posttrain_gpu_nvml_errors_total", kind="library_not_found") == 2
+    assert value(text, "posttrain_gpu_visible_devices") is None  # unknown while NVML is down
+    assert value(text, "posttrain_gpu_sampler_polls_total") == 5
+    assert not any(n.startswith("posttrain_gpu_") and "gpu" in dict(lb) for n, lb in samples(text))
+    assert len(warnings(caplog)) == 1
+    assert "NVML unavailable (library_not_found: NVML Shared Library Not Found)" in warnings(caplog)[0]
+
+
+def test_real_pynvml_here_never_raises() -> None:
+    """The installed pynvml against whatever this machine has: no driver gives the failure path."""
+    s = GpuSampler(pynvml, SamplerConfig(), env={})
+    snap = s.poll_once()
+    try:
+        if snap.nvml_up:  # a GPU machine
+            assert snap.visible_devices == len(snap.gpus) and all(g.uuid.startswith("GPU-") for g in snap.gpus)
+        else:
+            assert dict(snap.errors).keys() & {"library_not_found", "driver_not_loaded", "no_permission", "unknown"}
+            assert value(scrape(s), "posttrain_gpu_nvml_up") == 0
+    finally:
+        s.stop()
+
+
+def test_backoff_doubles_to_its_cap_then_nvml_comes_back(caplog) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    clock = Clock()
+    fake = FakeNvml(h100s(2), init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    s = make(fake, clock, backoff_initial_seconds=1, backoff_max_seconds=8)
+    attempts = []
+    for step in range(420):  # 42 s at 0.1 s
+        clock.t = step / 10
+        before = fake.calls["nvmlInit"]
+        s.poll_once()
+        if fake.calls["nvmlInit"] > before:
+            attempts.append(clock.t)
+    assert attempts == [0, 1, 3, 7, 15, 23, 31, 39]
+    assert value(scrape(s), "posttrain_gpu_nvml_up") == 0
+    fake.init_error = None  # the driver is loaded
+    clock.t = 47
+    s.poll_once()
+    text = scrape(s)
+    assert value(text, "posttrain_gpu_nvml_up") == 1
+    assert gpus_of(text, "posttrain_gpu_up") == {"0", "1"}
+    assert value(text, "posttrain_gpu_nvml_errors_total", kind="driver_not_loaded") == 8
+    assert len(warnings(caplog)) == 1 and "driver_not_loaded" in warnings(caplog)[0]
+    assert [m for m in infos(caplog) if "NVML up" in m] == [
+        "GPU sampler: NVML up, sampling 2 GPU(s) (0:NVIDIA H100 80GB HBM3, 1:NVIDIA H100 80GB HBM3) every 1s"]
+    # after a recovery the backoff starts again from its initial delay
+    fake.broken = pynvml.NVML_ERROR_UNINITIALIZED
+    s.poll_once()
+    fake.broken = None
+    clock.t = 48
+    assert s.poll_once().nvml_up
+
+
+def test_nvml_failing_mid_run_goes_down_then_recovers(caplog) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    clock = Clock()
+    fake = FakeNvml(h100s(2, utilization=90))
+    s = make(fake, clock)
+    assert s.poll_once().nvml_up
+    fake.broken = pynvml.NVML_ERROR_DRIVER_NOT_LOADED  # every call, nvmlShutdown included
+    for t in range(1, 4):
+        clock.t = t
+        snap = s.poll_once()
+        assert not snap.nvml_up and snap.gpus == ()
+    fake.broken = None
+    clock.t = 10
+    snap = s.poll_once()
+    assert snap.nvml_up and len(snap.gpus) == 2
+    assert len(warnings(caplog)) == 1 and "driver_not_loaded" in warnings(caplog)[0]
+    assert len([m for m in infos(caplog) if "NVML up" in m]) == 2
+
+
+def test_an_unexpected_exception_in_a_call_is_contained_to_its_field(caplog) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    fake = FakeNvml(h100s(2, utilization=50))
+
+    def broken(handle):
+        if handle.gpu is fake.gpus[1]:
+            raise ValueError("a ctypes surprise")
+        return 123_000
+
+    fake.nvmlDeviceGetPowerUsage = broken
+    s = make(fake)
+    for _ in range(3):
+        assert s.poll_once().nvml_up
+    text = scrape(s)
+    assert gpus_of(text, "posttrain_gpu_power_watts") == {"0"}
+    assert gpus_of(text, "posttrain_gpu_temperature_celsius") == {"0", "1"}
+    assert value(text, "posttrain_gpu_nvml_errors_total", kind="value_error") == 3
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is not None and "GPU 1 power" in errors[0].getMessage()
+
+
+def test_an_unexpected_exception_in_a_poll_backs_off_and_logs_once(caplog) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    clock = Clock()
+    fake = FakeNvml(h100s(1))
+    s = make(fake, clock)
+    s.poll_once()
+    fake.nvmlDeviceGetUtilizationRates = lambda handle: object()  # no .gpu: the sampler's own code fails
+    attempts = []
+    for step in range(80):  # init succeeds each retry and the read fails: still one line, still backing off
+        clock.t = 1 + step / 10
+        before = fake.calls["nvmlInit"]
+        assert not s.poll_once().nvml_up
+        if fake.calls["nvmlInit"] > before:
+            attempts.append(clock.t)
+    assert attempts == [2, 4, 8]  # failed at 1: retried after 1 s, 2 s, 4 s
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "unexpected AttributeError" in errors[0].getMessage()
+    assert len([m for m in infos(caplog) if "NVML up" in m]) == 1
+    assert value(scrape(s), "posttrain_gpu_nvml_errors_total", kind="attribute_error") == 4
+    del fake.nvmlDeviceGetUtilizationRates
+    clock.t = 16
+    assert s.poll_once().nvml_up
+    assert fake.refcount == 1  # each failed poll shut NVML down before the next init
+
+
+def test_one_log_line_per_state_change_over_many_polls(caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    clock = Clock()
+    gpus = h100s(2)
+    gpus[0].unsupported.add("nvmlDeviceGetRemappedRows")
+    fake = FakeNvml(gpus)
+    s = make(fake, clock, backoff_initial_seconds=1, backoff_max_seconds=1)
+    for t in range(50):
+        clock.t = t
+        if t == 10:
+            gpus[0].errors["nvmlDeviceGetTemperature"] = pynvml.NVML_ERROR_UNKNOWN
+        if t == 20:
+            del gpus[0].errors["nvmlDeviceGetTemperature"]
+        if t == 30:
+            fake.broken = pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH
+        if t == 40:
+            fake.broken = None
+        s.poll_once()
+    msgs = [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno >= logging.INFO]
+    assert len(msgs) == 5, msgs
+    assert "NVML up" in msgs[0] and "temperature unreadable (unknown" in msgs[1]
+    assert "temperature readable again" in msgs[2] and "lib_rm_version_mismatch" in msgs[3] and "NVML up" in msgs[4]
+
+
+def test_the_thread_polls_at_its_interval_and_stops_cleanly() -> None:
+    fake = FakeNvml(h100s(2, utilization=80))
+    s = GpuSampler(fake, SamplerConfig(interval_seconds=0.02), env={})
+    s.start()
+    deadline = time.monotonic() + 0.5
+    while s.snapshot().polls < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    s.stop()
+    snap = s.snapshot()
+    assert snap.polls >= 3 and snap.nvml_up and snap.cpu_seconds > 0
+    assert fake.refcount == 0  # nvmlShutdown matched nvmlInit
+    assert s._thread is None
+
+
+# --- which GPUs ------------------------------------------------------------------------------------
+
+
+def test_visibility_syntax() -> None:
+    assert parse_visibility("CUDA_VISIBLE_DEVICES", "all").entries is None
+    for v in ("", " ", "none", "void", "NoNe", "-1"):
+        assert parse_visibility("CUDA_VISIBLE_DEVICES", v).none, v
+    assert parse_visibility("CUDA_VISIBLE_DEVICES", "0, 2").entries == ("0", "2")
+    assert parse_visibility("CUDA_VISIBLE_DEVICES", "1,-1,2").entries == ("1",)  # CUDA stops at an invalid one
+    assert parse_visibility("CUDA_VISIBLE_DEVICES", "GPU-ab12,MIG-x,3").entries == ("GPU-ab12", "3")
+    assert visibility_from_env({}).entries is None
+    both = {"CUDA_VISIBLE_DEVICES": "1", "NVIDIA_VISIBLE_DEVICES": "all"}
+    assert visibility_from_env(both).source == "CUDA_VISIBLE_DEVICES"
+    found = [(0, "GPU-aaaa-1"), (1, "GPU-bbbb-2"), (2, "GPU-bbcc-3")]
+    assert select_devices(parse_visibility("X", "2,0,7"), found) == ([0, 2], ["7"])
+    assert select_devices(parse_visibility("X", "GPU-bb"), found) == ([], ["GPU-bb"])  # ambiguous prefix
+    assert select_devices(parse_visibility("X", "gpu-BBCC"), found) == ([2], [])
+
+
+@pytest.mark.parametrize("spec,expected", [("1,3", {"1", "3"}), ("3,1,1", {"1", "3"}), ("2", {"2"})])
+def test_cuda_visible_devices_indices(spec: str, expected: set[str]) -> None:
+    s = make(FakeNvml(h100s(4)), env={"CUDA_VISIBLE_DEVICES": spec, "NVIDIA_VISIBLE_DEVICES": "all"})
+    snap = s.poll_once()
+    assert snap.visible_devices == len(expected)
+    assert gpus_of(scrape(s), "posttrain_gpu_up") == expected
+
+
+def test_cuda_visible_devices_uuids_and_prefixes() -> None:
+    gpus = h100s(4)
+    spec = f"{gpus[3].uuid},{gpus[1].uuid[:12]}"
+    s = make(FakeNvml(gpus), env={"CUDA_VISIBLE_DEVICES": spec})
+    s.poll_once()
+    text = scrape(s)
+    assert gpus_of(text, "posttrain_gpu_up") == {"1", "3"}
+    assert value(text, "posttrain_gpu_up", gpu="3", uuid=gpus[3].uuid) == 1
+
+
+def test_unmatched_entries_are_logged_once(caplog) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    s = make(FakeNvml(h100s(2)), env={"CUDA_VISIBLE_DEVICES": "1,5,GPU-ffff"})
+    s.poll_once()
+    s.poll_once()
+    assert [g.index for g in s.snapshot().gpus] == [1]
+    assert len(warnings(caplog)) == 1 and "5,GPU-ffff match no GPU" in warnings(caplog)[0]
+
+
+def test_nvidia_visible_devices_in_a_container_and_on_the_host() -> None:
+    # In a container the runtime already applied the host index 3: NVML lists that one GPU as 0.
+    s = make(FakeNvml(h100s(1)), env={"NVIDIA_VISIBLE_DEVICES": "3"})
+    assert s.poll_once().visible_devices == 1
+    # On a host with 4 GPUs the same setting picks index 3.
+    s = make(FakeNvml(h100s(4)), env={"NVIDIA_VISIBLE_DEVICES": "3"})
+    assert [g.index for g in s.poll_once().gpus] == [3]
+    gpus = h100s(4)
+    s = make(FakeNvml(gpus), env={"NVIDIA_VISIBLE_DEVICES": f"{gpus[0].uuid},{gpus[2].uuid}"})
+    assert [g.index for g in s.poll_once().gpus] == [0, 2]
+
+
+@pytest.mark.parametrize("env", [{"CUDA_VISIBLE_DEVICES": ""}, {"NVIDIA_VISIBLE_DEVICES": "void"},
+                                 {"NVIDIA_VISIBLE_DEVICES": "none"}])
+def test_no_visible_gpu_leaves_nvml_alone(env: dict[str, str], caplog) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    fake = FakeNvml(h100s(2))
+    s = make(fake, env=env)
+    for _ in range(3):
+        s.poll_once()
+    assert sum(fake.calls.values()) == 0
+    text = scrape(s)
+    assert value(text, "posttrain_gpu_visible_devices") == 0 and value(text, "posttrain_gpu_nvml_up") == 0
+    assert len(infos(caplog)) == 1 and "no GPU visible" in infos(caplog)[0]
+    assert make(fake, visible_devices="", env={"CUDA_VISIBLE_DEVICES": "0"}).visibility.none
+
+
+# --- phases ----------------------------------------------------------------------------------------
+
+
+def rl_trace(cycles: int, gen_s: int = 90, idle_s: int = 15, train_s: int = 60, seed: int = 7):
+    """GRPO-like cycles at 1 sample/s: generation (~380 W), a pause (weight sync, rewards), training (~640 W)."""
+    rng = random.Random(seed)
+    util, power, truth = [], [], []
+    for _ in range(cycles):
+        for phase, n, u, watts in (("generation", gen_s, (92, 100), (355, 405)), ("idle", idle_s, (0, 2), (85, 95)),
+                                   ("training", train_s, (95, 100), (605, 675))):
+            for _ in range(n):
+                util.append(rng.randint(*u))
+                power.append(rng.uniform(*watts))
+                truth.append(phase)
+    return util, power, truth
+
+
+def test_phase_rule_on_alternating_generation_and_training() -> None:
+    util, power, truth = rl_trace(8)
+    tracker = PhaseTracker(PhaseConfig())
+    got = [tracker.update(float(t), u / 100, p) for t, (u, p) in enumerate(zip(util, power, strict=True))]
+    first_training = truth.index("training")
+    # Before the window has seen training, a busy GPU is called training (the documented limit).
+    assert {r.phase for r in got[:90]} == {"training"}
+    tail = list(zip([r.phase for r in got], truth, strict=True))[first_training:]
+    assert all(a == b for a, b in tail), [i for i, (a, b) in enumerate(tail) if a != b][:5]
+    last = got[-1]
+    assert last.generation_ratio == pytest.approx(truth[-600:].count("generation") / 600, abs=0.01)
+    assert sum(last.seconds) == pytest.approx(len(truth) - 1)
+    busy = sorted(p for p, tr in zip(power[-601:], truth[-601:], strict=True) if tr != "idle")
+    assert last.reference_watts == busy[math.ceil(0.9 * len(busy)) - 1]
+
+
+def test_phase_hysteresis_and_a_pinned_reference() -> None:
+    t = PhaseTracker(PhaseConfig())
+    assert t.update(0, 1.0, 600).phase == "training"
+    assert t.update(1, 1.0, 300).phase == "generation"
+    assert t.update(2, 1.0, 450).phase == "generation"  # 0.75 x ref: in the band, stays
+    assert t.update(3, 1.0, 590).phase == "training"
+    assert t.update(4, 1.0, 450).phase == "training"  # in the band, stays
+    assert t.update(5, 0.01, 80).phase == "idle"
+    assert t.update(6, 1.0, 450).phase == "training"  # the last busy phase
+    # A job that only generates: relative to itself it looks like training, unless the reference is pinned.
+    free, pinned = PhaseTracker(), PhaseTracker(PhaseConfig(reference_watts=650))
+    for i in range(30):
+        assert free.update(i, 0.98, 380).phase == "training"
+        assert pinned.update(i, 0.98, 380).phase == "generation"
+    assert pinned.update(30, 1.0, 640).reference_watts == 650
+    with pytest.raises(ValueError):
+        PhaseConfig(generation_power_ratio=0.9, training_power_ratio=0.8)
+
+
+def test_phase_time_is_capped_across_a_stall() -> None:
+    t = PhaseTracker(PhaseConfig(max_gap_seconds=5), interval_seconds=1)
+    t.update(0, 1.0, 600)
+    r = t.update(3600, 1.0, 600)  # the sampler was stuck for an hour
+    assert r.seconds[1] == 5
+
+
+def test_phases_through_the_sampler() -> None:
+    util, power, truth = rl_trace(6)  # 990 s: the last 600 s are past the first (misread) generation
+    gpus = h100s(2)
+    gpus[0].utilization, gpus[0].power_mw = util, [p * 1000 for p in power]
+    gpus[1].utilization, gpus[1].power_mw = 99, 650_000
+    fake = FakeNvml(gpus)
+    clock = Clock()
+    s = make(fake, clock)
+    checked = 0
+    for i in range(len(truth)):
+        clock.t = float(i)
+        s.poll_once()
+        if i > truth.index("training"):
+            g0, g1 = s.snapshot().gpus
+            assert (g0.phase.phase, g1.phase.phase) == (truth[i], "training"), i
+            checked += 1
+            if i % 97 == 0:  # and as exported: a state set, 1 for the current phase
+                sm = samples(scrape(s))
+                for phase in ("generation", "training", "idle"):
+                    key = ("posttrain_gpu_phase", frozenset({"gpu": "0", "uuid": gpus[0].uuid,
+                                                             "model": gpus[0].name, "phase": phase}.items()))
+                    assert sm[key] == (phase == truth[i]), i
+        fake.advance()
+    assert checked > 800
+    text = scrape(s)
+    assert value(text, "posttrain_gpu_generation_time_ratio", gpu="0") == pytest.approx(
+        truth[-600:].count("generation") / 600, abs=0.01)
+    assert value(text, "posttrain_gpu_generation_time_ratio", gpu="1") == 0
+    total = sum(value(text, "posttrain_gpu_phase_seconds_total", gpu="0", phase=p) for p in ("generation",
+                                                                                                "training", "idle"))
+    assert total == pytest.approx(len(truth) - 1)
+    assert 600 < value(text, "posttrain_gpu_phase_reference_watts", gpu="0") < 680
+
+
+# --- the exposition --------------------------------------------------------------------------------
+
+
+def _check_with_promtool(text: str) -> None:
+    promtool = require_binary("promtool")
+    res = subprocess.run([promtool, "check", "metrics"], input=text.encode(), capture_output=True, timeout=30)
+    assert res.returncode == 0 and not (res.stdout + res.stderr).strip(), (res.stdout + res.stderr).decode()
+
+
+def test_promtool_accepts_every_family() -> None:
+    gpus = h100s(3, utilization=95, power_mw=640_000, ecc={(0, 0): 1}, retired_pages={1: [1]},
+                 throttle_reasons=0x4)
+    gpus[1].errors["nvmlDeviceGetTemperature"] = pynvml.NVML_ERROR_TIMEOUT
+    fake = FakeNvml(gpus)
+    clock = Clock()
+    s = make(fake, clock)
+    for i in range(5):
+        clock.t = i
+        if i == 3:
+            gpus[2].lost = True
+        s.poll_once()
+        fake.advance()
+    text = scrape(s)
+    names = {fam.name for fam in text_string_to_metric_families(text) if fam.samples}
+    assert len(names) == 26, sorted(names)
+    _check_with_promtool(text)
+
+
+def test_promtool_accepts_the_nvml_down_exposition() -> None:
+    s = make(FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+    s.poll_once()
+    _check_with_promtool(scrape(s))
