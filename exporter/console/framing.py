@@ -64,10 +64,6 @@ class ConsoleFramer:
             self.sink.abandoned(self._open)
             self._open = None
 
-    @property
-    def holding(self) -> bool:
-        return bool(self._carry) or self._open is not None
-
     def _segment(self, raw: str, newline: bool) -> None:
         text = _ANSI.sub("", raw) if "\x1b" in raw else raw
         if "|" in text:  # the common case in a combined stream: a bar draw

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -112,7 +111,3 @@ class RunState:
         for s in self.series.values():
             s.cut_back(step)
         self.derived.rebuild(self.series)
-
-    @property
-    def seconds_since_record(self) -> float:
-        return math.inf if not self.last_record_time else time.time() - self.last_record_time
