@@ -272,3 +272,9 @@ def test_generation_share_of_step_time_from_verl_timing_keys() -> None:
         run.ingest(rec)
     assert gauge(run, "posttrain_generation_time_ratio") == pytest.approx(np.mean(np.array(gen) / 10.0))
     assert run.series["step_time", None].last_value == 10.0
+
+
+def test_breach_counters_exist_at_zero_and_nonfinite_values_are_counted() -> None:
+    run = curve_run([0.1, math.nan, 0.2], [1.0, 1.0, math.inf])
+    assert run.derived.breaches[(("instrument", "kl"), ("level", "critical"))] == 0  # present before any breach
+    assert run.nonfinite[("kl", None)] == 1 and run.nonfinite[("reward", None)] == 1

@@ -83,6 +83,8 @@ class ExporterCollector(Collector):
                                     "[0.5, 2] x its recent median (002: suddenly doubled or halved).", labels=["run"])
         thresholds = GaugeMetricFamily("posttrain_threshold", "Threshold in force for this run (the seeds' default "
                                        "or the config's), for alert rules.", labels=["run", "instrument", "level"])
+        nonfinite = _labelled_counter("posttrain_nonfinite_values", "NaN or infinite values logged, by "
+                                      "instrument: a NaN between two scrapes still counts.")
         windows = GaugeMetricFamily("posttrain_window_steps", "Window of the derived series, in logged points: "
                                     "size and min_points.", labels=["run", "instrument", "setting"])
         for name, run in self.exporter.runs.items():
@@ -94,6 +96,10 @@ class ExporterCollector(Collector):
                 fam.add_sample(metric, {"run": name, **dict(labels)}, value)
             for labels, n in sorted(d.breaches.items()):
                 breaches.add_sample(breaches.name + "_total", {"run": name, **dict(labels)}, n)
+            for (inst_name, label_value), n in sorted(run.nonfinite.items(), key=_series_order):
+                sub = INSTRUMENTS[inst_name].label
+                labels = {"run": name, "instrument": inst_name, **({sub: label_value or ""} if sub else {})}
+                nonfinite.add_sample(nonfinite.name + "_total", labels, n)
             flips.add_metric([name], d.loss_sign_flips)
             jumps.add_metric([name], d.loss_discontinuities)
             for (inst, level), value in threshold_series(run.settings.thresholds).items():
@@ -103,7 +109,7 @@ class ExporterCollector(Collector):
                 windows.add_metric([name, inst, "size"], spec.size)
                 windows.add_metric([name, inst, "min_points"], spec.min_points)
         yield from families.values()
-        yield from (breaches, flips, jumps, thresholds, windows)
+        yield from (breaches, nonfinite, flips, jumps, thresholds, windows)
 
     def _health(self) -> Iterator[Metric]:
         ex = self.exporter

@@ -94,6 +94,12 @@ class DerivedState:
                        for inst, rules in _BREACH_RULES.items()}
         self._breach_labels: dict[tuple[str, SeriesKey, str], Labels] = {}
         self._checked: dict[tuple[SeriesKey, ...], list[SeriesKey]] = {}
+        # Every counter exists from the start at 0, so increase() sees even a first breach that
+        # happened between two scrapes; per-component ones from the component's first record.
+        for inst, rules in _BREACH_RULES.items():
+            if sub_label.get(inst) is None:
+                for level, _, _ in rules:
+                    self.breaches[(*labels_of(inst, None), ("level", level))] = 0
 
     # --- per record -----------------------------------------------------------------------------
 
@@ -103,6 +109,9 @@ class DerivedState:
         checked = self._checked.get(shape)
         if checked is None:  # the keys with per-record rules, once per record shape
             checked = self._checked[shape] = [k for k in shape if k[0] in _BREACH_RULES]
+            for key in checked:
+                for level, _, _ in _BREACH_RULES[key[0]]:
+                    self.breaches.setdefault((*labels_of(key[0], self._sub(key)), ("level", level)), 0)
         for key in checked:
             value = updated[key]
             self._breach(key, value)

@@ -36,6 +36,7 @@ class RunState:
     keys_dropped: int = 0
     values_skipped: Counter[str] = field(default_factory=Counter)  # by reason
     resets: int = 0
+    nonfinite: Counter[SeriesKey] = field(default_factory=Counter)  # NaN/inf values, by series
     derived: DerivedState = field(init=False)
     _plans: dict[tuple[str, ...], list[tuple[str, SeriesKey]]] = field(init=False, default_factory=dict)
 
@@ -74,6 +75,8 @@ class RunState:
                 s.add(step, value)
                 if value - value == 0.0:  # no NaN, no inf
                     finite[sk] = value
+                else:
+                    self.nonfinite[sk] += 1  # counted: the next value would hide it from a scrape
         if finite:
             self.derived.on_record(series, finite, step)
 
