@@ -103,6 +103,9 @@ class RunState:
 
     def _pass_through(self, values: dict[str, float]) -> None:
         pt = self.passthrough
+        if len(pt) + len(values) <= self.limits.max_keys:
+            pt.update(values)  # under the cap whatever the keys: one C-level update
+            return
         for k, v in values.items():
             if k in pt or len(pt) < self.limits.max_keys:
                 pt[k] = v

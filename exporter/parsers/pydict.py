@@ -13,6 +13,8 @@ from exporter.parsers.values import Skip, to_float
 # key: '...' or "..." (repr switches quotes when the key holds a '); value: a quoted string, whose
 # inside is captured apart (transformers 5 quotes every number), or anything up to the next , or }
 _PAIR = re.compile(r"""(?:'([^']*)'|"([^"]*)")\s*:\s*(?:'([^']*)'|("[^"]*"|[^,{}]*))""")
+# transformers 5 quotes every value: `'key': 'value'` pairs only, the fast path
+_QUOTED_PAIR = re.compile(r"'([^']*)': '([^']*)'")
 # OpenRLHF logs `✨ Global step 12: {...}` through Python logging.
 _OPENRLHF = re.compile(r"Global step (\d+):\s*(\{.*)$")
 
@@ -41,7 +43,15 @@ def parse_hf_dict(line: str) -> Record | None:
         return None  # JSON has its own parser; a repr key with a ' inside is too rare to guess at
     if not s.endswith("}"):
         raise ParseError("truncated", s[-40:], "hf_dict")
-    return parse_pairs(s[1:-1], "hf_dict")
+    body = s[1:-1]
+    if '"' not in body:
+        pairs = _QUOTED_PAIR.findall(body)
+        if pairs and len(pairs) == body.count("': "):  # every value quoted: numbers, as transformers 5 prints
+            try:
+                return Record(values={k: float(v) for k, v in pairs}, fmt="hf_dict")
+            except ValueError:
+                pass  # a 'None'-like or text value somewhere: the general path counts it
+    return parse_pairs(body, "hf_dict")
 
 
 def parse_openrlhf(line: str) -> Record | None:
