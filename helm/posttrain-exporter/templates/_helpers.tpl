@@ -1,0 +1,142 @@
+{{/*
+Every template below takes a dict context, so that it works both inside this chart and from a parent chart
+that depends on it (your training chart):
+
+  root    the caller's top-level context ($), required
+  values  the chart's values; default: root.Values["posttrain-exporter"] when called from a parent chart
+          (Helm merges this chart's defaults there), else root.Values
+  run     the `run` label (sidecar only); default: sidecar.run, else the Job's name
+*/}}
+
+{{/* The chart's object names: <release>-posttrain-exporter, or the release name when it holds the name. */}}
+{{- define "posttrain-exporter.fullname" -}}
+{{- $v := get . "values" | default (index .root.Values "posttrain-exporter") | default .root.Values -}}
+{{- if $v.fullnameOverride -}}
+{{- $v.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := $v.nameOverride | default "posttrain-exporter" -}}
+{{- if contains $name .root.Release.Name -}}
+{{- .root.Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .root.Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels of the chart's own objects. */}}
+{{- define "posttrain-exporter.labels" -}}
+app.kubernetes.io/name: posttrain-exporter
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end -}}
+
+{{/*
+The labels the PodMonitor selects the training pods by (values.podLabels, default
+posttrain-exporter/scrape: "true"). Put them in your pod template's metadata.labels:
+  {{- include "posttrain-exporter.podLabels" (dict "root" $) | nindent 8 }}
+*/}}
+{{- define "posttrain-exporter.podLabels" -}}
+{{- $v := get . "values" | default (index .root.Values "posttrain-exporter") | default .root.Values -}}
+{{- toYaml $v.podLabels -}}
+{{- end -}}
+
+{{/*
+The pod volumes the sidecar needs: `posttrain-logs` (an emptyDir the trainer writes its log into; mount it
+in the trainer at sidecar.logsMountPath) and the exporter's config. In your pod spec's volumes:
+  {{- include "posttrain-exporter.volumes" (dict "root" $) | nindent 8 }}
+*/}}
+{{- define "posttrain-exporter.volumes" -}}
+- name: posttrain-logs
+  emptyDir: {}
+- name: posttrain-exporter-config
+  configMap:
+    name: {{ include "posttrain-exporter.fullname" . }}
+{{- end -}}
+
+{{/*
+The sidecar container, one list item. With sidecar.native (default) it is a native sidecar: put it in the
+pod's initContainers (Kubernetes 1.29+). With sidecar.native=false put it in containers, and have the
+trainer touch sidecar.doneFile when it exits (README.md). It mounts `posttrain-logs` read-only and follows
+sidecar.logFile; its port is named `metrics`.
+  initContainers:
+    {{- include "posttrain-exporter.sidecar" (dict "root" $ "run" "grpo-7b") | nindent 8 }}
+*/}}
+{{- define "posttrain-exporter.sidecar" -}}
+{{- $v := get . "values" | default (index .root.Values "posttrain-exporter") | default .root.Values -}}
+{{- $s := $v.sidecar -}}
+{{- $run := get . "run" | default $s.run | default "$(JOB_NAME)" -}}
+{{- $args := list "serve" "--log" $s.logFile "--run" $run "--config" "/etc/posttrain-exporter/config.yaml" "--listen-address" (printf "0.0.0.0:%d" (int $s.port)) -}}
+{{- $args = concat $args $s.extraArgs -}}
+- name: posttrain-exporter
+  image: {{ printf "%s:%s" $v.image.repository $v.image.tag | quote }}
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  {{- if $s.native }}
+  restartPolicy: Always
+  {{- else }}
+  # Fallback (sidecar.native=false): run the exporter until the trainer touches DONE_FILE, give Prometheus
+  # DONE_GRACE_SECONDS for a last scrape, then stop it so that the pod, and the Job, can complete.
+  command:
+    - sh
+    - -c
+    - |
+      posttrain-exporter "$@" & pid=$!
+      trap 'kill -TERM "$pid" 2>/dev/null' TERM INT
+      while [ ! -e "$DONE_FILE" ]; do
+        if ! kill -0 "$pid" 2>/dev/null; then wait "$pid"; exit $?; fi
+        sleep 2
+      done
+      sleep "$DONE_GRACE_SECONDS"
+      kill -TERM "$pid" 2>/dev/null
+      wait "$pid"
+    - posttrain-exporter
+  {{- end }}
+  args:
+    {{- toYaml $args | nindent 4 }}
+  {{- if or (eq $run "$(JOB_NAME)") (not $s.native) $s.extraEnv }}
+  env:
+    {{- if eq $run "$(JOB_NAME)" }}
+    - name: JOB_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.labels['job-name']
+    {{- end }}
+    {{- if not $s.native }}
+    - name: DONE_FILE
+      value: {{ $s.doneFile | quote }}
+    - name: DONE_GRACE_SECONDS
+      value: {{ $s.doneGraceSeconds | int | quote }}
+    {{- end }}
+    {{- with $s.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- end }}
+  ports:
+    - name: metrics
+      containerPort: {{ $s.port }}
+      protocol: TCP
+  {{- with $s.livenessProbe }}
+  livenessProbe:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $s.readinessProbe }}
+  readinessProbe:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $s.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $s.securityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - name: posttrain-logs
+      mountPath: {{ $s.logsMountPath }}
+      readOnly: true
+    - name: posttrain-exporter-config
+      mountPath: /etc/posttrain-exporter
+      readOnly: true
+{{- end -}}

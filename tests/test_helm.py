@@ -1,0 +1,446 @@
+"""The Helm chart (helm/posttrain-exporter): linted and rendered by Helm's own engine (helm-python-sdk, offline),
+every manifest validated against the Kubernetes schemas (kubernetes-validate) and the prometheus-operator CRDs'
+essential shape, the PrometheusRule checked by real promtool and against rules/, the dashboards against grafana/,
+the sidecar's arguments against the exporter's CLI, and the fallback sidecar's wrapper run for real."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from conftest import IN_CI, REPO, free_port, require_binary
+
+from exporter.cli import build_parser
+from exporter.config import parse_config
+
+CHART = REPO / "helm" / "posttrain-exporter"
+RULES_DIR = REPO / "rules"
+GRAFANA_DIR = REPO / "grafana"
+RELEASE, NAMESPACE = "demo", "ml"
+FULLNAME = "demo-posttrain-exporter"
+JOB = "posttrain-exporter/templates/example-job.yaml"
+NATIVE_SIDECAR_MIN = "1.29.0"  # native sidecars (initContainers[].restartPolicy) are beta and on by default
+
+
+def _require_module(name: str, dist: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        msg = f"{dist} is not installed: pip install helm-python-sdk kubernetes-validate (the `test` extra)"
+        if IN_CI:
+            pytest.fail(msg + "; the Helm tests never skip in CI")
+        pytest.skip(msg)
+
+
+@pytest.fixture(scope="module")
+def helm():
+    return _require_module("helm_python", "helm-python-sdk")
+
+
+@pytest.fixture(scope="module")
+def kval():
+    return _require_module("kubernetes_validate", "kubernetes-validate")
+
+
+@pytest.fixture(scope="module")
+def chart(helm):
+    with helm.Chart.load(CHART) as c:
+        yield c
+
+
+def render(chart, values: dict | None = None) -> list[dict]:
+    """Every manifest the chart renders with `values`, NOTES.txt left out."""
+    out = chart.render(values=values or {}, name=RELEASE, namespace=NAMESPACE)
+    docs = []
+    for path, text in sorted(out.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        docs += [d for d in yaml.safe_load_all(text) if d]
+    return docs
+
+
+def of_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def pod_spec(docs: list[dict]) -> dict:
+    (job,) = of_kind(docs, "Job")
+    return job["spec"]["template"]["spec"]
+
+
+def sidecar_of(spec: dict) -> dict:
+    (c,) = [c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == "posttrain-exporter"]
+    return c
+
+
+@pytest.fixture(scope="module")
+def rendered(chart) -> dict[str, list[dict]]:
+    return {
+        "default": render(chart),
+        "example": render(chart, {"exampleJob": {"enabled": True}}),
+        "fallback": render(chart, {"exampleJob": {"enabled": True}, "sidecar": {"native": False}}),
+    }
+
+
+# --- one source: the chart's copies of rules/ and grafana/ ----------------------------------------------------
+
+
+def test_chart_copies_equal_rules_and_grafana():
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import sync_chart
+    finally:
+        sys.path.pop(0)
+    stale = sync_chart.differences()
+    assert not stale, f"chart copies out of date, run `python scripts/sync_chart.py`: {stale}"
+
+
+def test_image_tag_is_the_app_version():
+    meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert meta["apiVersion"] == "v2"
+    assert values["image"]["tag"] == str(meta["appVersion"]) == project["version"]
+
+
+# --- lint and schema ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [{}, {"exampleJob": {"enabled": True}},
+                                    {"exampleJob": {"enabled": True}, "sidecar": {"native": False}}])
+def test_lint_strict_is_clean(helm, values):
+    report = helm.lint(CHART, values, strict=True, kube_version="v" + NATIVE_SIDECAR_MIN)
+    assert not report["errors"], report
+    # severity 1 (info, e.g. "icon is recommended") is fine; warnings and errors are not
+    assert [m for m in report["messages"] if m["severity"] >= 2] == [], report
+
+
+@pytest.mark.parametrize(("values", "where", "why"), [
+    ({"podMonitor": {"interval": "-30s"}}, "/podMonitor/interval", "does not match pattern"),
+    ({"podMonitor": {"scrapeTimeout": "ten seconds"}}, "/podMonitor/scrapeTimeout", "does not match pattern"),
+    ({"podMonitr": {"enabled": False}}, "additional properties 'podMonitr' not allowed", ""),
+    ({"sidecar": {"nativ": True}}, "additional properties 'nativ' not allowed", ""),
+    ({"sidecar": {"port": "9847"}}, "/sidecar/port", "want integer"),
+    ({"sidecar": {"port": 9847.5}}, "/sidecar/port", "want integer"),
+    ({"sidecar": {"port": 70000}}, "/sidecar/port", "maximum"),
+    ({"alerts": {"disabled": "PostTrainKLWarning"}}, "/alerts/disabled", "want array"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy", ""),
+])
+def test_schema_refuses_wrong_values_with_the_key(helm, chart, values, where, why):
+    with pytest.raises(helm.HelmValuesError) as e:
+        chart.render(values=values, name=RELEASE)
+    assert where in str(e.value) and why in str(e.value), str(e.value)
+
+
+def test_unknown_disabled_alert_stops_the_render_naming_the_known_ones(helm, chart):
+    with pytest.raises(helm.HelmRenderError, match=r'alerts.disabled: "PostTrainNoSuchAlert" is not an alert.*'
+                                                    r'PostTrainKLCritical'):
+        chart.render(values={"alerts": {"disabled": ["PostTrainNoSuchAlert"]}}, name=RELEASE)
+
+
+# --- Kubernetes schemas and the CRDs' shapes ------------------------------------------------------------------
+
+DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
+                                         r"(([0-9]+)s)?(([0-9]+)ms)?)$"}
+STRMAP = {"type": "object", "additionalProperties": {"type": "string"}}
+METADATA = {"type": "object", "required": ["name"],
+            "properties": {"name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63},
+                           "labels": STRMAP, "annotations": STRMAP}}
+# The essential fields of prometheus-operator's monitoring.coreos.com/v1 CRDs (their openAPIV3Schema: field
+# names, types, Duration pattern, required fields), written from the operator's API reference.
+CRD_SCHEMAS = {
+    "PodMonitor": {
+        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"}, "metadata": METADATA,
+            "spec": {"type": "object", "required": ["selector"], "additionalProperties": False, "properties": {
+                "selector": {"type": "object", "additionalProperties": False, "properties": {
+                    "matchLabels": STRMAP, "matchExpressions": {"type": "array"}}},
+                "namespaceSelector": {"type": "object", "additionalProperties": False, "properties": {
+                    "any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}}},
+                "podTargetLabels": {"type": "array", "items": {"type": "string"}},
+                "jobLabel": {"type": "string"},
+                "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": {
+                    "type": "object", "additionalProperties": False, "properties": {
+                        "port": {"type": "string"}, "portNumber": {"type": "integer"}, "path": {"type": "string"},
+                        "scheme": {"enum": ["http", "https"]}, "interval": DURATION,
+                        "scrapeTimeout": DURATION, "honorLabels": {"type": "boolean"},
+                        "relabelings": {"type": "array"}, "metricRelabelings": {"type": "array"}}}}}}}},
+    "PrometheusRule": {
+        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"}, "metadata": METADATA,
+            "spec": {"type": "object", "additionalProperties": False, "properties": {
+                "groups": {"type": "array", "items": {
+                    "type": "object", "required": ["name"], "additionalProperties": False, "properties": {
+                        "name": {"type": "string", "minLength": 1}, "interval": DURATION,
+                        "query_offset": DURATION, "limit": {"type": "integer"}, "labels": STRMAP,
+                        "partial_response_strategy": {"type": "string"},
+                        "rules": {"type": "array", "items": {
+                            "type": "object", "required": ["expr"], "additionalProperties": False,
+                            "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+                            "properties": {
+                                "alert": {"type": "string"}, "record": {"type": "string"},
+                                "expr": {"type": ["string", "integer"]}, "for": DURATION,
+                                "keep_firing_for": DURATION, "labels": STRMAP, "annotations": STRMAP}}}}}}}}}},
+}
+
+
+@pytest.mark.parametrize("case", ["default", "example", "fallback"])
+def test_every_manifest_validates(kval, rendered, case):
+    versions = [NATIVE_SIDECAR_MIN, kval.utils.latest_version()]
+    kinds = set()
+    for doc in rendered[case]:
+        kinds.add(doc["kind"])
+        if doc["kind"] in CRD_SCHEMAS:
+            jsonschema.Draft7Validator(CRD_SCHEMAS[doc["kind"]]).validate(doc)
+            continue
+        for version in versions:
+            try:
+                kval.validate(doc, version, strict=True)
+            except kval.ValidationError as e:
+                pytest.fail(f"{doc['kind']} {doc['metadata']['name']} against Kubernetes {version}: {e.message} "
+                            f"at {'/'.join(map(str, e.path))}")
+    assert {"ConfigMap", "PodMonitor", "PrometheusRule"} <= kinds
+    assert ("Job" in kinds) == (case != "default")
+
+
+def test_example_job_is_off_by_default_and_podmonitor_selects_its_pod(rendered):
+    assert of_kind(rendered["default"], "Job") == []
+    (pm,) = of_kind(rendered["example"], "PodMonitor")
+    (job,) = of_kind(rendered["example"], "Job")
+    pod_labels = job["spec"]["template"]["metadata"]["labels"]
+    assert pm["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert endpoint == {"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
+
+
+# --- the sidecar ----------------------------------------------------------------------------------------------
+
+
+def test_example_job_uses_a_native_sidecar(rendered):
+    spec = pod_spec(rendered["example"])
+    (init,) = spec["initContainers"]
+    assert init["name"] == "posttrain-exporter" and init["restartPolicy"] == "Always"
+    assert [c["name"] for c in spec["containers"]] == ["trainer"]
+    assert spec["restartPolicy"] == "Never"
+    trainer = spec["containers"][0]
+    assert "python train.py 2>&1 | tee /logs/train.log" in trainer["args"][0]
+    assert {"name": "posttrain-logs", "mountPath": "/logs"} in trainer["volumeMounts"]
+
+
+def test_fallback_makes_it_a_regular_container_that_the_trainer_stops(rendered):
+    spec = pod_spec(rendered["fallback"])
+    assert "initContainers" not in spec
+    names = [c["name"] for c in spec["containers"]]
+    assert names == ["trainer", "posttrain-exporter"]
+    side = sidecar_of(spec)
+    assert "restartPolicy" not in side
+    assert side["command"][:2] == ["sh", "-c"]
+    env = {e["name"]: e.get("value") for e in side["env"]}
+    assert env["DONE_FILE"] == "/logs/.training-done"
+    assert "trap 'touch /logs/.training-done' EXIT" in spec["containers"][0]["args"][0]
+
+
+@pytest.mark.parametrize("case", ["example", "fallback"])
+def test_sidecar_spec(rendered, case):
+    spec = pod_spec(rendered[case])
+    side = sidecar_of(spec)
+    sc = side["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert side["ports"] == [{"name": "metrics", "containerPort": 9847, "protocol": "TCP"}]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert side[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert side["resources"] == {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
+    assert {"name": "posttrain-logs", "mountPath": "/logs", "readOnly": True} in side["volumeMounts"]
+    # The rendered arguments are accepted by the exporter's own CLI.
+    args = build_parser().parse_args(side["args"])
+    assert (args.command, args.logs, args.run) == ("serve", ["/logs/train.log"], "example-grpo")
+    assert (args.config, args.listen_address) == ("/etc/posttrain-exporter/config.yaml", "0.0.0.0:9847")
+    (cfg_vol,) = [v for v in spec["volumes"] if v["name"] == "posttrain-exporter-config"]
+    assert cfg_vol["configMap"]["name"] == FULLNAME
+    assert any(v["name"] == "posttrain-logs" and "emptyDir" in v for v in spec["volumes"])
+
+
+def test_config_configmap_is_a_config_the_exporter_accepts(chart):
+    config = {"run": "grpo-7b", "thresholds": {"kl_warning": 0.3}, "windows": {"size": 30, "min_points": 5}}
+    (cm,) = [d for d in of_kind(render(chart, {"config": config}), "ConfigMap") if d["metadata"]["name"] == FULLNAME]
+    loaded = yaml.safe_load(cm["data"]["config.yaml"])
+    assert loaded["thresholds"]["kl_warning"] == 0.3 and loaded["run"] == "grpo-7b"
+    parse_config(loaded)  # raises ConfigError on a config the exporter would refuse at start
+    (default_cm,) = [d for d in of_kind(render(chart), "ConfigMap") if d["metadata"]["name"] == FULLNAME]
+    parse_config(yaml.safe_load(default_cm["data"]["config.yaml"]))
+
+
+def test_fallback_wrapper_stops_the_exporter_when_the_trainer_is_done(rendered, tmp_path):
+    """Runs the fallback sidecar's shell wrapper with the real exporter: it serves until the done file appears,
+    then exits 0 after the grace period, so that the Job's pod can complete."""
+    side = sidecar_of(pod_spec(rendered["fallback"]))
+    log, done, port = tmp_path / "train.log", tmp_path / ".training-done", free_port()
+    log.write_text("{'loss': 0.5, 'grad_norm': 1.0, 'learning_rate': 1e-05, 'epoch': 0.1}\n")
+    args = [a.replace("/logs/train.log", str(log)).replace("/etc/posttrain-exporter/config.yaml", os.devnull)
+            .replace("0.0.0.0:9847", f"127.0.0.1:{port}") for a in side["args"]] + ["--no-gpu"]
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "posttrain-exporter").symlink_to(Path(sys.executable).parent / "posttrain-exporter")
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "DONE_FILE": str(done), "DONE_GRACE_SECONDS": "1"}
+    proc = subprocess.Popen([*side["command"], *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline, body = time.monotonic() + 20, ""
+        while time.monotonic() < deadline and "posttrain_loss" not in body:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                time.sleep(0.2)
+        assert 'posttrain_loss{run="example-grpo"} 0.5' in body
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).status == 200
+        time.sleep(2.5)
+        assert proc.poll() is None, "the sidecar stopped before the trainer was done"
+        done.touch()
+        assert proc.wait(timeout=15) == 0, proc.stdout.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_parent_chart_includes_the_sidecar(helm, kval, tmp_path):
+    """What a user does: a training chart that depends on this one and includes the three templates."""
+    parent = tmp_path / "training"
+    (parent / "templates").mkdir(parents=True)
+    shutil.copytree(CHART, parent / "charts" / "posttrain-exporter")
+    (parent / "Chart.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "v2", "name": "training", "version": "1.0.0", "appVersion": "9.9.9",
+        "dependencies": [{"name": "posttrain-exporter", "version": "0.1.0"}]}))
+    (parent / "values.yaml").write_text("posttrain-exporter:\n  sidecar:\n    port: 9900\n")
+    (parent / "templates" / "job.yaml").write_text("""\
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: grpo-7b
+spec:
+  template:
+    metadata:
+      labels:
+        {{- include "posttrain-exporter.podLabels" (dict "root" $) | nindent 8 }}
+    spec:
+      restartPolicy: Never
+      initContainers:
+        {{- include "posttrain-exporter.sidecar" (dict "root" $) | nindent 8 }}
+      containers:
+        - name: trainer
+          image: trainer:latest
+          command: [bash, -c, "set -o pipefail; python train.py 2>&1 | tee /logs/train.log"]
+          volumeMounts: [{name: posttrain-logs, mountPath: /logs}]
+      volumes:
+        {{- include "posttrain-exporter.volumes" (dict "root" $) | nindent 8 }}
+""")
+    with helm.Chart.load(parent) as c:
+        docs = render(c)
+    for doc in docs:
+        if doc["kind"] not in CRD_SCHEMAS:
+            kval.validate(doc, kval.utils.latest_version(), strict=True)
+    job = next(d for d in docs if d["kind"] == "Job" and d["metadata"]["name"] == "grpo-7b")
+    spec = job["spec"]["template"]["spec"]
+    side = sidecar_of(spec)
+    assert side["restartPolicy"] == "Always"
+    assert side["image"] == "ghcr.io/posttrain-exporter/posttrain-exporter:0.1.0"  # not the parent's appVersion
+    assert side["ports"][0]["containerPort"] == 9900  # the parent's values for the subchart reach the template
+    args = build_parser().parse_args(side["args"])
+    assert args.run == "$(JOB_NAME)"  # expanded by the kubelet from the env below
+    job_name = {"fieldRef": {"fieldPath": "metadata.labels['job-name']"}}
+    assert side["env"] == [{"name": "JOB_NAME", "valueFrom": job_name}]
+    # The volume's ConfigMap is the one the subchart renders, and the subchart's PodMonitor selects the pod.
+    (cfg_vol,) = [v for v in spec["volumes"] if v["name"] == "posttrain-exporter-config"]
+    assert cfg_vol["configMap"]["name"] in {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}
+    (pm,) = of_kind(docs, "PodMonitor")
+    assert pm["spec"]["selector"]["matchLabels"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
+
+
+# --- the PrometheusRule ---------------------------------------------------------------------------------------
+
+
+def source_groups() -> list[dict]:
+    return [g for path in sorted(RULES_DIR.glob("*.yml")) for g in yaml.safe_load(path.read_text())["groups"]]
+
+
+def without(groups: list[dict], disabled: set[str]) -> list[dict]:
+    out = []
+    for g in groups:
+        rules = [r for r in g["rules"] if r.get("alert") not in disabled]
+        if rules:
+            out.append({**g, "rules": rules})
+    return out
+
+
+def normalized(groups: list[dict]) -> list[dict]:
+    # YAML through Helm's fromYaml/toYaml: numbers may come back as floats; compare values, not types
+    return json.loads(json.dumps(groups), parse_int=float)
+
+
+def rule_groups(docs: list[dict]) -> list[dict]:
+    (pr,) = of_kind(docs, "PrometheusRule")
+    return pr["spec"]["groups"]
+
+
+def test_prometheusrule_holds_the_rules_unchanged(rendered):
+    groups = rule_groups(rendered["default"])
+    assert normalized(groups) == normalized(source_groups())
+    # The Prometheus templates reached the PrometheusRule as they are (not executed or mangled by Helm).
+    anns = [r["annotations"]["summary"] for g in groups for r in g["rules"] if "alert" in r]
+    assert anns and all("{{" in a for a in anns if "$labels" in a)
+    assert any("{{ $labels.run }}" in a for a in anns)
+
+
+def test_disabled_alerts_are_left_out_and_empty_groups_dropped(chart):
+    groups = source_groups()
+    pages = next(g for g in groups if g["name"] == "posttrain.pages")
+    disabled = {r["alert"] for r in pages["rules"]} | {"PostTrainKLNearZero"}
+    got = rule_groups(render(chart, {"alerts": {"disabled": sorted(disabled)}}))
+    assert normalized(got) == normalized(without(groups, disabled))
+    assert "posttrain.pages" not in {g["name"] for g in got}
+    assert of_kind(render(chart, {"prometheusRule": {"enabled": False}, "podMonitor": {"enabled": False}}),
+                   "PrometheusRule") == []
+
+
+@pytest.mark.parametrize("disabled", [[], ["PostTrainKLWarning", "PostTrainGPUMemoryNearCapacity"]])
+def test_prometheusrule_passes_promtool(chart, tmp_path, disabled):
+    promtool = require_binary("promtool")
+    groups = rule_groups(render(chart, {"alerts": {"disabled": disabled}}))
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+    res = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    n = sum(len(g["rules"]) for g in groups)
+    assert f"SUCCESS: {n} rules found" in res.stdout
+
+
+# --- the dashboards -------------------------------------------------------------------------------------------
+
+
+def test_dashboard_configmaps_are_those_of_grafana(rendered):
+    maps = [d for d in of_kind(rendered["default"], "ConfigMap") if "grafana_dashboard" in d["metadata"]["labels"]]
+    assert all(d["metadata"]["labels"]["grafana_dashboard"] == "1" for d in maps)
+    got = {name: json.loads(text) for d in maps for name, text in d["data"].items()}
+    want = {p.name: json.loads(p.read_text()) for p in sorted(GRAFANA_DIR.glob("*.json"))}
+    assert got == want  # grafana/ empty: no dashboard ConfigMap at all
+    assert len(maps) == len(want)
+
+
+def test_dashboards_can_be_turned_off(chart):
+    docs = render(chart, {"dashboards": {"enabled": False}})
+    assert [d for d in of_kind(docs, "ConfigMap") if "grafana_dashboard" in d["metadata"]["labels"]] == []
