@@ -278,3 +278,13 @@ def test_breach_counters_exist_at_zero_and_nonfinite_values_are_counted() -> Non
     run = curve_run([0.1, math.nan, 0.2], [1.0, 1.0, math.inf])
     assert run.derived.breaches[(("instrument", "kl"), ("level", "critical"))] == 0  # present before any breach
     assert run.nonfinite[("kl", None)] == 1 and run.nonfinite[("reward", None)] == 1
+
+
+def test_rule_only_thresholds_are_exported_and_tunable() -> None:
+    """The alert rules read these from posttrain_threshold (their recording rule falls back to defaults)."""
+    from exporter.instruments.derived import threshold_series
+
+    cfg = parse_config({"thresholds": {"stall_seconds": 600, "kl_near_zero": 0.01}})
+    series = threshold_series(cfg.derived.thresholds)
+    assert series["record_age", "stall"] == 600 and series["kl", "near_zero"] == 0.01
+    assert series["grad_norm", "spike_factor"] == 10.0 and series["parse_errors", "max_ratio"] == 0.1

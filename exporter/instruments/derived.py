@@ -61,6 +61,15 @@ def threshold_series(t: Thresholds) -> dict[tuple[str, str], float]:
     out["trend", "t"] = t.trend_t
     out["loss", "discontinuity_high"] = t.discontinuity_high
     out["loss", "discontinuity_low"] = t.discontinuity_low
+    for inst, level, value in (("record_age", "stall", t.stall_seconds),
+                               ("reward_zero_std", "max", t.zero_std_groups_max),
+                               ("kl", "near_zero", t.kl_near_zero),
+                               ("clip_asymmetry", "max", t.clip_asymmetry_max),
+                               ("entropy", "fast_decline", t.entropy_fast_decline),
+                               ("completion_length_std", "min", t.length_std_min),
+                               ("grad_norm", "spike_factor", t.grad_norm_spike_factor),
+                               ("parse_errors", "max_ratio", t.parse_error_ratio_max)):
+        out[inst, level] = value
     return out
 
 

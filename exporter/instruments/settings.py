@@ -30,6 +30,15 @@ class Thresholds:
     trend_t: float = 2.0  # a trend is rising/falling when |slope / stderr| >= this
     discontinuity_high: float = 2.0  # 002: pg loss "suddenly doubled ..."
     discontinuity_low: float = 0.5  # 002: "... or halved"
+    # Read by the alert rules only (rules/posttrain.recording.yml), exported so a run can tune them:
+    stall_seconds: float = 1800.0  # no record for this long: the trainer stalled
+    zero_std_groups_max: float = 0.5  # share of groups whose rewards all tie
+    kl_near_zero: float = 0.001  # Part II: "KL near zero throughout training: beta too high"
+    clip_asymmetry_max: float = 0.8  # |asymmetry| beyond this: the policy moves one way only
+    entropy_fast_decline: float = 0.1  # Part III: entropy declining too fast (share lost over the window)
+    length_std_min: float = 10.0  # Part III: within-group length std below 10 tokens
+    grad_norm_spike_factor: float = 10.0  # window max over window mean
+    parse_error_ratio_max: float = 0.1  # share of record lines the exporter could not read
 
 
 THRESHOLD_NAMES = tuple(f.name for f in fields(Thresholds))
