@@ -18,14 +18,12 @@ import math
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import urllib.parse
 import urllib.request
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +32,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gen_dashboards  # noqa: E402
+from loopback import Processes, free_port, http_ready  # noqa: E402
 
 FIXTURES = Path(os.environ.get("POSTTRAIN_FIXTURES", REPO.parent / "shared" / "fixtures")) / "trl"
 BOARD_FOR = {"grpo": "grpo", "grpo_saturated": "grpo", "dpo": "dpo", "sft": "sft", "ppo": "ppo"}
@@ -41,14 +40,6 @@ _RECORD_START = re.compile(r"(?<=[\r\n])(?=\{')")
 
 
 # --- the stack: exporter + Prometheus on loopback ---------------------------------------------------------------
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Stack:
@@ -59,7 +50,7 @@ class Stack:
         self.tmp, self.logs, self.scrape = tmp, logs, scrape
         self.python, self.prometheus_bin = python, prometheus
         self.exporter_port, self.prometheus_port = free_port(), free_port()
-        self._stack = ExitStack()
+        self.procs = Processes(tmp, REPO)
 
     def __enter__(self) -> Stack:
         cfg = {"listen_address": f"127.0.0.1:{self.exporter_port}", "poll_interval_seconds": 0.1,
@@ -69,51 +60,23 @@ class Stack:
                 "scrape_configs": [{"job_name": "posttrain", "scrape_interval": self.scrape,
                                     "static_configs": [{"targets": [f"127.0.0.1:{self.exporter_port}"]}]}]}
         (self.tmp / "prometheus.yml").write_text(yaml.safe_dump(prom))
-        self._start("exporter", [self.python, "-m", "exporter", "serve", "--config", str(self.tmp / "exporter.yml")])
-        self._start("prometheus", [self.prometheus_bin, f"--config.file={self.tmp / 'prometheus.yml'}",
+        self.procs.start("exporter", [self.python, "-m", "exporter", "serve",
+                                      "--config", str(self.tmp / "exporter.yml")])
+        self.procs.start("prometheus", [self.prometheus_bin, f"--config.file={self.tmp / 'prometheus.yml'}",
                                    f"--storage.tsdb.path={self.tmp / 'tsdb'}",
                                    f"--web.listen-address=127.0.0.1:{self.prometheus_port}",
                                    "--log.level=warn"])
-        self.wait("Prometheus ready", lambda: self._ready(), 30)
+        self.wait("Prometheus ready", lambda: http_ready(self.prometheus_port), 30)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._stack.close()
-
-    def _start(self, name: str, cmd: list[str]) -> None:
-        out = self._stack.enter_context((self.tmp / f"{name}.log").open("wb"))
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
-
-        def stop() -> None:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
-
-        self._stack.callback(stop)
-
-    def _ready(self) -> bool:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.prometheus_port}/-/ready", timeout=2) as r:
-            return r.status == 200
+        self.procs.__exit__(*exc)
 
     def tails(self) -> str:
-        return "\n".join(f"--- {n} ---\n{(self.tmp / f'{n}.log').read_text(errors='replace')[-2000:]}"
-                         for n in ("exporter", "prometheus") if (self.tmp / f"{n}.log").exists())
+        return self.procs.tails(2000)
 
     def wait(self, what: str, pred: Any, timeout: float, every: float = 0.2) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                got = pred()
-                if got:
-                    return got
-            except OSError:
-                pass
-            time.sleep(every)
-        raise AssertionError(f"{what}: not within {timeout:.0f}s\n{self.tails()}")
+        return self.procs.wait(what, pred, timeout, every)
 
     def api(self, path: str, **params: Any) -> dict:
         """GET the Prometheus API; returns the whole JSON answer (status, data or errorType/error)."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from loopback import free_port as free_port  # noqa: E402  (re-exported; shared with scripts/preview_dashboards.py)
+
 FIXTURES = Path(os.environ.get("POSTTRAIN_FIXTURES", REPO.parent / "shared" / "fixtures"))
 TRL = FIXTURES / "trl"
 TRL_RUNS = ["sft", "sft_notqdm", "dpo", "grpo", "grpo_saturated"]
@@ -43,12 +45,6 @@ def fixture_captures() -> list[tuple[str, str]]:
 
 def trainer_state(run: str) -> list[dict]:
     return json.loads((TRL / run / "trainer_state.json").read_text())["log_history"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def exporter_cmd(*args: str) -> list[str]:

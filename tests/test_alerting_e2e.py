@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import REPO, TRL, exporter_cmd, free_port, require_binary
+from loopback import Processes, http_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -84,7 +83,7 @@ class Stack:
     exporter_port: int
     prometheus_port: int
     alertmanager_port: int
-    logs: dict[str, Path]
+    procs: Processes
 
     def prometheus(self, path: str, **params: str) -> Any:
         url = f"http://127.0.0.1:{self.prometheus_port}{path}"
@@ -104,46 +103,11 @@ class Stack:
             assert r.status == 200
 
     def tails(self) -> str:
-        return "\n".join(f"--- {name} ---\n{p.read_text(errors='replace')[-3000:]}" for name, p in self.logs.items())
+        return self.procs.tails()
 
 
-def _start(stack: ExitStack, name: str, cmd: list[str], logs: dict[str, Path], tmp: Path) -> subprocess.Popen:
-    out = tmp / f"{name}.log"
-    logs[name] = out
-    f = stack.enter_context(out.open("wb"))
-    proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO)
-
-    def stop() -> None:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-
-    stack.callback(stop)
-    return proc
-
-
-def _wait(what: str, pred: Callable[[], Any], timeout: float, stack: Stack | None = None, every: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            got = pred()
-            if got:
-                return got
-        except OSError as e:  # not listening yet
-            last_error = e
-        time.sleep(every)
-    raise AssertionError(f"{what}: not within {timeout:.0f}s (last error: {last_error})\n"
-                         + (stack.tails() if stack else ""))
-
-
-def _ready(port: int) -> bool:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2) as r:
-        return r.status == 200
+def _wait(what: str, pred: Callable[[], Any], timeout: float, stack: Stack) -> Any:
+    return stack.procs.wait(what, pred, timeout)
 
 
 def _alertmanager_config(hook: Webhook) -> dict:
@@ -177,26 +141,24 @@ def stack(tmp_path: Path, webhook: Webhook) -> Iterator[Stack]:
         "scrape_configs": [{"job_name": "posttrain",
                             "static_configs": [{"targets": [f"127.0.0.1:{ports['exporter']}"]}]}],
     }))
-    logs: dict[str, Path] = {}
-    with ExitStack() as es:
-        procs = {
-            "exporter": _start(es, "exporter", exporter_cmd(
-                "serve", "--log", str(log), "--run", RUN, "--listen-address", f"127.0.0.1:{ports['exporter']}"),
-                logs, tmp_path),
-            "alertmanager": _start(es, "alertmanager", [
+    with Processes(tmp_path, REPO) as procs:
+        exporter = procs.start("exporter", exporter_cmd(
+            "serve", "--log", str(log), "--run", RUN, "--listen-address", f"127.0.0.1:{ports['exporter']}"))
+        servers = {
+            "alertmanager": procs.start("alertmanager", [
                 alertmanager, f"--config.file={tmp_path / 'alertmanager.yml'}",
                 f"--storage.path={tmp_path / 'am-data'}", f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
-                "--cluster.listen-address=", "--log.level=warn"], logs, tmp_path),
-            "prometheus": _start(es, "prometheus", [
+                "--cluster.listen-address=", "--log.level=warn"]),
+            "prometheus": procs.start("prometheus", [
                 prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
                 f"--storage.tsdb.path={tmp_path / 'prom-data'}",
-                f"--web.listen-address=127.0.0.1:{ports['prometheus']}", "--log.level=warn"], logs, tmp_path),
+                f"--web.listen-address=127.0.0.1:{ports['prometheus']}", "--log.level=warn"]),
         }
-        s = Stack(tmp_path, log, ports["exporter"], ports["prometheus"], ports["alertmanager"], logs)
-        for name in ("alertmanager", "prometheus"):
-            _wait(f"{name} ready", lambda n=name: procs[n].poll() is None and _ready(ports[n]), 20, s)
+        s = Stack(tmp_path, log, ports["exporter"], ports["prometheus"], ports["alertmanager"], procs)
+        for name, p in servers.items():
+            _wait(f"{name} ready", lambda n=name, p=p: p.poll() is None and http_ready(ports[n]), 20, s)
         yield s
-        for name, p in procs.items():
+        for name, p in {"exporter": exporter, **servers}.items():
             assert p.poll() is None, f"{name} exited with {p.returncode}\n{s.tails()}"
 
 
