@@ -156,6 +156,8 @@ class Exporter:
             else:
                 inp.poll()
                 inp.finish()
+        for run in self.runs.values():
+            run.refresh()
 
     def follow_forever(self, stop: threading.Event) -> None:
         wake = threading.Event()

@@ -96,6 +96,7 @@ def test_passthrough_keys_are_capped_and_counted() -> None:
     run = RunState("r", KeyMap(), RunLimits(max_keys=3))
     run.ingest(Record({"a": 1, "b": 2, "c": 3, "d": 4}, "jsonl", step=1))
     run.ingest(Record({"a": 5, "e": 6}, "jsonl", step=2))
+    run.refresh()
     assert run.passthrough == {"a": 5, "b": 2, "c": 3} and run.keys_dropped == 2
 
 

@@ -26,6 +26,7 @@ def feed(run_name: str, upto: int | None = None, settings: DerivedSettings | Non
             break
         values = {k: float(v) for k, v in e.items() if k != "step" and isinstance(v, int | float)}
         run.ingest(Record(values, "trainer_state", step=e["step"]))
+    run.refresh()
     return run
 
 
@@ -149,6 +150,7 @@ def curve_run(kl, reward, settings=None) -> RunState:
     run = RunState("c", KeyMap(), settings=settings or DerivedSettings())
     for step, (k, r) in enumerate(zip(kl, reward, strict=True), start=1):
         run.ingest(Record({"kl": k, "reward": r}, "jsonl", step=step))
+    run.refresh()
     return run
 
 
@@ -190,6 +192,7 @@ def loss_run(values) -> RunState:
     run = RunState("l", KeyMap())
     for step, v in enumerate(values, start=1):
         run.ingest(Record({"loss": float(v)}, "jsonl", step=step))
+    run.refresh()
     return run
 
 
@@ -254,6 +257,7 @@ def test_per_run_thresholds_and_windows_from_config() -> None:
 def test_resumed_run_rebuilds_windows_from_history() -> None:
     run = curve_run(noisy(0.001, n=80, seed=8, level=0.1), noisy(0.01, n=80, seed=9))
     run.ingest(Record({"kl": 0.3, "reward": 0.5}, "jsonl", step=61))  # resumed from step 60
+    run.refresh()
     steps, values = zip(*run.series["reward", None].history, strict=True)
     assert max(steps) == 61 and len(steps) == 61
     assert gauge(run, "posttrain_trend", instrument="reward") == pytest.approx(

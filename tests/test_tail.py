@@ -27,6 +27,7 @@ def exporter_for(path) -> Exporter:
 
 
 def loss(ex: Exporter) -> dict[int, float]:
+    ex.runs["r"].refresh()
     return dict(ex.runs["r"].series[("loss", None)].history)
 
 

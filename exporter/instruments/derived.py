@@ -1,9 +1,9 @@
 """The derived series of the seeds, over each instrument's window of logged steps.
 
 Two kinds of work, split by what they need to see:
-- per record, O(1) amortized: everything that must see every record even when many arrive between
-  two scrapes: threshold breach counters, the reward peak, pg-loss sign flips and
-  discontinuities, and the cheap ratios of the record's own values;
+- per record, over a batch of records at a time (numpy on one column per series): everything that
+  must see every record even when many arrive between two scrapes: threshold breach counters,
+  the reward peak, pg-loss sign flips and level shifts, and the ratios of the record's own values;
 - on read (a scrape, the end of `dump`), only for series that changed since the last read: the
   window statistics (trend, its direction, mean, stddev, min, max) and the judgments built on
   them (regime, plateau, entropy acceleration, margin convergence, oscillation). They are pure
@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from itertools import islice, pairwise
-from statistics import median
+from itertools import pairwise
 
+import numpy as np
+
+from exporter.instruments.columns import Column
 from exporter.instruments.series import Series
 from exporter.instruments.settings import DerivedSettings, Thresholds
-from exporter.instruments.window import RunningMean, window_stats
+from exporter.instruments.window import StreamTail, level_shifts, rolling_mean, window_stats
 
 SeriesKey = tuple[str, str | None]
 Labels = tuple[tuple[str, str], ...]
@@ -87,22 +89,16 @@ class DerivedState:
         self.loss_discontinuities = 0
         self._dirty: set[SeriesKey] = set()
         self._length_baseline = settings.length_baseline
-        self._length_mean = RunningMean(self._spec("completion_length").size)
-        self._generation_share = RunningMean(self._spec("generation_time").size)
-        self._reward_smooth = RunningMean(self._spec("reward").min_points)
+        self._length_tail = StreamTail(self._spec("completion_length").size)
+        self._generation_tail = StreamTail(self._spec("generation_time").size)
+        self._reward_tail = StreamTail(self._spec("reward").min_points)
         self._peak, self._peak_step = -math.inf, -1
-        k = self._spec("loss").min_points
-        self._loss_recent = RunningMean(k)
-        self._loss_abs_recent = RunningMean(k)
-        self._loss_typical = 0.0  # median |loss| before the recent k points, refreshed every k records
-        self._loss_since_typical = 0
+        self._loss_tail = StreamTail(self._spec("loss").size)
         self._loss_sign = 0
-        self._loss_outside = False
-        # the rules with their limits resolved, and the labels of each breach, built once
+        self._loss_shifted = False
+        # the rules with their limits resolved, built once
         self._rules = {inst: [(level, getattr(self._t, name), side == "above") for level, name, side in rules]
                        for inst, rules in _BREACH_RULES.items()}
-        self._breach_labels: dict[tuple[str, SeriesKey, str], Labels] = {}
-        self._checked: dict[tuple[SeriesKey, ...], list[SeriesKey]] = {}
         # Every counter exists from the start at 0, so increase() sees even a first breach that
         # happened between two scrapes; per-component ones from the component's first record.
         for inst, rules in _BREACH_RULES.items():
@@ -110,117 +106,138 @@ class DerivedState:
                 for level, _, _ in rules:
                     self.breaches[(*labels_of(inst, None), ("level", level))] = 0
 
-    # --- per record -----------------------------------------------------------------------------
+    # --- per record, a batch at a time -----------------------------------------------------------
+    # Everything here sees every record of the batch, in order, so a value that rose and fell
+    # between two scrapes still counts; the state carried between batches (stream tails, the peak,
+    # the loss's sign) makes the result the same wherever the batches were cut.
 
-    def on_record(self, series: dict[SeriesKey, Series], updated: dict[SeriesKey, float], step: int) -> None:
-        self._dirty.update(updated)
-        shape = tuple(updated)
-        checked = self._checked.get(shape)
-        if checked is None:  # the keys with per-record rules, once per record shape
-            checked = self._checked[shape] = [k for k in shape if k[0] in _BREACH_RULES]
-            for key in checked:
-                for level, _, _ in _BREACH_RULES[key[0]]:
-                    self.breaches.setdefault((*labels_of(key[0], self._sub(key)), ("level", level)), 0)
-        for key in checked:
-            value = updated[key]
-            self._breach(key, value)
-            if key[0] == "reward_component_std":
-                self._set("posttrain_reward_component_dead", (("component", key[1] or ""),),
-                          1.0 if value < self._t.component_std_min else 0.0)
-        get = updated.get
-        if (v := get(("reward_std", None))) is not None:
+    def on_batch(self, series: dict[SeriesKey, Series], cols: dict[SeriesKey, Column], nrows: int) -> None:
+        self._dirty.update(cols)
+        for key, col in cols.items():
+            inst = key[0]
+            if inst in self._rules:
+                self._breaches(inst, self._sub(key), col.finite_values())
+                if inst == "reward_component_std" and (v := col.last_finite()) is not None:
+                    self._set("posttrain_reward_component_dead", (("component", key[1] or ""),),
+                              1.0 if v < self._t.component_std_min else 0.0)
+        get = cols.get
+        if (c := get(("reward_std", None))) is not None and (v := c.last_finite()) is not None:
             self._set("posttrain_reward_std_headroom", (), v / self._t.reward_std_min)
-        if ("clip_ratio", "low") in updated or ("clip_ratio", "high") in updated:
-            self._clipping(updated)
-        if (v := get(("policy_ratio", None))) is not None:
+        low, high = get(("clip_ratio", "low")), get(("clip_ratio", "high"))
+        if low is not None and high is not None:
+            self._clipping(low.dense(nrows), high.dense(nrows))
+        if (c := get(("policy_ratio", None))) is not None and (v := c.last_finite()) is not None:
             self._set("posttrain_policy_ratio_distance", (), abs(v - 1.0))
-        if (v := get(("completion_length", "mean"))) is not None:
-            self._length(series, v, get(("completion_length", "mean_terminated")))
-        if (v := get(("reward", None))) is not None:
-            self._reward(v, step)
-        if (v := get(("loss", None))) is not None:
-            self._loss(series["loss", None], v)
+        if (c := get(("completion_length", "mean"))) is not None:
+            self._length(series["completion_length", "mean"], c, get(("completion_length", "mean_terminated")), nrows)
+        if (c := get(("reward", None))) is not None:
+            self._reward(c.finite_values(), c.finite_steps())
+        if (c := get(("loss", None))) is not None:
+            self._loss(c.finite_values())
         gen, total = get(("generation_time", None)), get(("step_time", None))
-        if gen is not None and total:
+        if gen is not None and total is not None:
             # 002: "if the generation phase is taking a disproportionate share of step time ..."
-            self._generation_share.add(gen / total)
-            self._set("posttrain_generation_time_ratio", (), self._generation_share.mean)
+            g, t = gen.dense(nrows), total.dense(nrows)
+            both = np.isfinite(g) & np.isfinite(t) & (t != 0)
+            if both.any():
+                stream, start = self._generation_tail.extend(g[both] / t[both])
+                means, _ = rolling_mean(stream, start, self._spec("generation_time").size)
+                self._set("posttrain_generation_time_ratio", (), float(means[-1]))
 
-    def _breach(self, key: SeriesKey, value: float, instrument: str | None = None) -> None:
-        inst = instrument or key[0]
+    def _breaches(self, inst: str, sub: tuple[str, str] | None, values: np.ndarray) -> None:
         for level, limit, above in self._rules[inst]:
-            if (value > limit) if above else (value < limit):
-                labels = self._breach_labels.get((inst, key, level))
-                if labels is None:
-                    sub = self._sub(key) if instrument is None else None
-                    labels = self._breach_labels[inst, key, level] = (*labels_of(inst, sub), ("level", level))
-                self.breaches[labels] += 1
+            n = int(np.count_nonzero(values > limit if above else values < limit))
+            self.breaches[(*labels_of(inst, sub), ("level", level))] += n  # present at 0 once seen
 
-    def _clipping(self, updated: dict[SeriesKey, float]) -> None:
-        low, high = updated.get(("clip_ratio", "low")), updated.get(("clip_ratio", "high"))
-        if low is None or high is None:
+    def _clipping(self, low: np.ndarray, high: np.ndarray) -> None:
+        total = low + high  # NaN unless both were logged, finite, in the same record
+        total = total[np.isfinite(total)]
+        if not len(total):
             return
-        total = low + high
-        self._set("posttrain_clip_combined", (), total)
-        self._breach(("clip_total", None), total, "clip_total")
-        if total > self._t.clip_asymmetry_min_total:
-            self._set("posttrain_clip_asymmetry", (), (high - low) / total)
+        self._set("posttrain_clip_combined", (), float(total[-1]))
+        self._breaches("clip_total", None, total)
+        both = np.isfinite(low) & np.isfinite(high)
+        last_low, last_high = float(low[both][-1]), float(high[both][-1])
+        if total[-1] > self._t.clip_asymmetry_min_total:
+            self._set("posttrain_clip_asymmetry", (), (last_high - last_low) / float(total[-1]))
         else:
             self.gauges.pop(("posttrain_clip_asymmetry", ()), None)  # undefined without clipping
 
-    def _length(self, series: dict[SeriesKey, Series], mean: float, terminated: float | None) -> None:
-        self._length_mean.add(mean)
-        if self._length_baseline is None:
-            history = series["completion_length", "mean"].history
-            if len(history) >= self.settings.baseline_points:
-                first = [v for _, v in islice(history, self.settings.baseline_points)]
-                self._length_baseline = sum(first) / len(first)
-        if self._length_baseline:
-            self._set("posttrain_completion_length_baseline", (), self._length_baseline)
-            ratio = self._length_mean.mean / self._length_baseline
-            self._set("posttrain_completion_length_baseline_ratio", (), ratio)
-            self._breach(("completion_length_ratio", None), ratio, "completion_length_ratio")
-        if terminated is not None:
-            self._set("posttrain_completion_length_truncation_gap", (), mean - terminated)
-
-    def _reward(self, value: float, step: int) -> None:
-        self._reward_smooth.add(value)
-        if not self._reward_smooth.full:
+    def _length(self, s: Series, mean: Column, terminated: Column | None, nrows: int) -> None:
+        values = mean.finite_values()
+        if not len(values):
             return
-        smoothed = self._reward_smooth.mean
-        if smoothed > self._peak:
-            self._peak, self._peak_step = smoothed, step
-        self._set("posttrain_reward_smoothed", (), smoothed)
+        size, points = self._spec("completion_length").size, self.settings.baseline_points
+        stream, start = self._length_tail.extend(values)
+        means, _ = rolling_mean(stream, start, size)
+        if self._length_baseline is None and len(s) >= points:
+            self._length_baseline = float(np.mean(s.arrays()[1][:points]))
+            # the baseline exists from the record that brought the history to `points` values on
+            means = means[max(0, len(means) - (len(s) - points) - 1):]
+        elif self._length_baseline is None:
+            return
+        if self._length_baseline:
+            ratios = means / self._length_baseline
+            self._set("posttrain_completion_length_baseline", (), self._length_baseline)
+            self._set("posttrain_completion_length_baseline_ratio", (), float(ratios[-1]))
+            self._breaches("completion_length_ratio", None, ratios)
+        if terminated is not None:
+            gap = mean.dense(nrows) - terminated.dense(nrows)
+            gap = gap[np.isfinite(gap)]
+            if len(gap):
+                self._set("posttrain_completion_length_truncation_gap", (), float(gap[-1]))
+
+    def _reward(self, values: np.ndarray, steps: np.ndarray) -> None:
+        k = self._spec("reward").min_points
+        stream, start = self._reward_tail.extend(values)
+        smoothed, counts = rolling_mean(stream, start, k)
+        full = counts == k  # smoothing starts once k rewards were logged
+        if not full.any():
+            return
+        smoothed, steps = smoothed[full], steps[full]
+        best = int(np.argmax(smoothed))  # the first of equal maxima: a later tie is no new peak
+        if smoothed[best] > self._peak:
+            self._peak, self._peak_step = float(smoothed[best]), int(steps[best])
+        now = float(smoothed[-1])
+        self._set("posttrain_reward_smoothed", (), now)
         self._set("posttrain_reward_peak", (), self._peak)
         self._set("posttrain_reward_peak_step", (), float(self._peak_step))
-        self._set("posttrain_reward_drawdown", (), self._peak - smoothed)
+        self._set("posttrain_reward_drawdown", (), self._peak - now)
 
-    def _loss(self, s: Series, value: float) -> None:
-        self._loss_recent.add(value)
-        self._loss_abs_recent.add(abs(value))
-        if not self._loss_recent.full:
+    def _loss(self, values: np.ndarray) -> None:
+        if not len(values):
             return
-        smoothed = self._loss_recent.mean
-        sign = (smoothed > 0) - (smoothed < 0)
-        if self._loss_sign > 0 and sign < 0:
-            self.loss_sign_flips += 1  # 002: "went negative after being positive"
-        if sign:
-            self._loss_sign = sign
-        # 002: "suddenly doubled or halved". Mean |loss| of the last k points against the median
-        # |loss| before them; counted once each time it leaves the [low, high] band.
-        k = len(self._loss_recent)
-        self._loss_since_typical += 1
-        if self._loss_since_typical >= k or not self._loss_typical:
-            prior = s.tail(self._spec("loss").size)[:-k]
-            self._loss_typical = median(abs(v) for _, v in prior) if len(prior) >= k else 0.0
-            self._loss_since_typical = 0
-        if self._loss_typical > 0:
-            ratio = self._loss_abs_recent.mean / self._loss_typical
-            self._set("posttrain_loss_magnitude_ratio", (), ratio)
-            outside = ratio > self._t.discontinuity_high or ratio < self._t.discontinuity_low
-            if outside and not self._loss_outside:
-                self.loss_discontinuities += 1
-            self._loss_outside = outside
+        spec = self._spec("loss")
+        k, size = spec.min_points, spec.size
+        stream, start = self._loss_tail.extend(values)
+        smoothed, counts = rolling_mean(stream, start, k)
+        # 002: "went negative after being positive": sign changes of the smoothed loss, zeros skipped
+        signs = np.sign(smoothed[counts == k])
+        signs = np.concatenate([[self._loss_sign], signs[signs != 0]])
+        self.loss_sign_flips += int(np.count_nonzero((signs[:-1] > 0) & (signs[1:] < 0)))
+        self._loss_sign = int(signs[-1])
+        # 002: "suddenly doubled or halved": the median |loss| of the last k points against the
+        # median of the window before them; counted once each time a shift begins.
+        mags = np.abs(stream)
+        ends = np.arange(start + 1, len(stream) + 1)
+        ratios, shifted = [], []
+        for end in ends[(ends >= 2 * k) & (ends < size)]:  # a run's first windows are shorter
+            r, out = level_shifts(mags[None, :end], k, self._t.discontinuity_low, self._t.discontinuity_high)
+            ratios.append(r)
+            shifted.append(out)
+        full = ends[ends >= size]
+        if len(full):
+            windows = np.lib.stride_tricks.sliding_window_view(mags, size)[full - size]
+            r, out = level_shifts(windows, k, self._t.discontinuity_low, self._t.discontinuity_high)
+            ratios.append(r)
+            shifted.append(out)
+        if not ratios:
+            return
+        ratio, out = np.concatenate(ratios), np.concatenate([[self._loss_shifted], *shifted])
+        self.loss_discontinuities += int(np.count_nonzero(out[1:] & ~out[:-1]))
+        self._loss_shifted = bool(out[-1])
+        if np.isfinite(ratio[-1]):
+            self._set("posttrain_loss_magnitude_ratio", (), float(ratio[-1]))
 
     # --- on read --------------------------------------------------------------------------------
 
@@ -233,7 +250,7 @@ class DerivedState:
         for key in dirty:
             s = series.get(key)
             spec = self._spec(key[0])
-            if s is None or len(s.history) < spec.min_points:
+            if s is None or len(s) < spec.min_points:
                 continue
             pts = s.tail(spec.size)
             st = stats[key] = window_stats(pts)
@@ -271,7 +288,7 @@ class DerivedState:
         directions = []
         for key in (("kl", None), ("reward", None)):
             s, spec = series.get(key), self._spec(key[0])
-            if s is None or len(s.history) < spec.min_points:
+            if s is None or len(s) < spec.min_points:
                 break
             st = stats.get(key) or window_stats(s.tail(spec.size))
             directions.append(self._direction(st.slope_t))
@@ -285,20 +302,18 @@ class DerivedState:
         self.gauges = {k: v for k, v in self.gauges.items() if k[0] in keep}
         self._dirty.update(series)
         self._peak, self._peak_step = -math.inf, -1
-        self._reward_smooth.reset()
-        if (reward := series.get(("reward", None))) is not None:
-            for step, v in reward.history:
-                self._reward(v, step)
+        self._reward_tail.reset()
+        if (reward := series.get(("reward", None))) is not None and len(reward):
+            steps, values = reward.arrays()
+            self._reward(values, steps)
         length = series.get(("completion_length", "mean"))
-        self._length_mean.reset(v for _, v in (length.tail(self._spec("completion_length").size) if length else []))
+        self._length_tail.reset(length.arrays(self._spec("completion_length").size)[1].tolist() if length else [])
         if self.settings.length_baseline is None:
-            first = [v for _, v in islice(length.history, self.settings.baseline_points)] if length else []
-            self._length_baseline = sum(first) / len(first) if len(first) == self.settings.baseline_points else None
+            points = self.settings.baseline_points
+            first = length.arrays()[1][:points] if length else []
+            self._length_baseline = float(np.mean(first)) if len(first) == points else None
         loss = series.get(("loss", None))
-        recent = [v for _, v in loss.tail(self._loss_recent.values.maxlen or 1)] if loss else []
-        self._loss_recent.reset(recent)
-        self._loss_abs_recent.reset(abs(v) for v in recent)
-        self._loss_typical, self._loss_since_typical = 0.0, 0
+        self._loss_tail.reset(loss.arrays(self._spec("loss").size)[1].tolist() if loss else [])
 
     # --- helpers --------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Statistics of a window of (step, value) points, and a running mean for per-record checks."""
+"""Statistics of a window of (step, value) points, and the rolling statistics of the per-record checks."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,41 +46,58 @@ def window_stats(points: Sequence[tuple[int, float]]) -> WindowStats:
     return WindowStats(n, my, math.sqrt(syy / n), slope, slope_t, lo, hi)
 
 
-class RunningMean:
-    """Mean of the last `size` values in O(1) per value (re-summed every `size` values against drift)."""
+class StreamTail:
+    """The last values of a stream, carried from one batch to the next, so that a statistic over
+    "the last `size` values up to each record" does not depend on where the batches were cut."""
 
-    __slots__ = ("_added", "_sum", "_values")
+    __slots__ = ("_values",)
 
     def __init__(self, size: int) -> None:
-        self._values: deque[float] = deque(maxlen=size)
-        self._sum = 0.0
-        self._added = 0
+        self._values: deque[float] = deque(maxlen=max(size - 1, 0))  # a window needs size - 1 before it
 
-    def add(self, value: float) -> None:
-        if len(self._values) == self._values.maxlen:
-            self._sum -= self._values[0]
-        self._values.append(value)
-        self._sum += value
-        self._added += 1
-        if self._added >= self._values.maxlen:  # type: ignore[operator]
-            self._sum, self._added = math.fsum(self._values), 0
+    def extend(self, new: np.ndarray) -> tuple[np.ndarray, int]:
+        """The carried values followed by `new`, and where `new` starts in it; the carry moves on."""
+        prev = np.fromiter(self._values, np.float64, len(self._values))
+        self._values.extend(new.tolist())
+        return np.concatenate([prev, new]), len(prev)
 
     def reset(self, values: Iterable[float] = ()) -> None:
         self._values.clear()
         self._values.extend(values)
-        self._sum, self._added = math.fsum(self._values), 0
 
-    @property
-    def full(self) -> bool:
-        return len(self._values) == self._values.maxlen
 
-    def __len__(self) -> int:
-        return len(self._values)
+def rolling_mean(stream: np.ndarray, start: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mean of the last `size` values (fewer at the stream's start) ending at each of stream[start:],
+    and how many values each mean is over."""
+    sums = np.concatenate([[0.0], np.cumsum(stream)])
+    end = np.arange(start + 1, len(stream) + 1)
+    first = np.maximum(end - size, 0)
+    counts = end - first
+    return (sums[end] - sums[first]) / counts, counts
 
-    @property
-    def mean(self) -> float:
-        return self._sum / len(self._values)
 
-    @property
-    def values(self) -> deque[float]:
-        return self._values
+def level_shifts(windows: np.ndarray, recent: int, low: float, high: float) -> tuple[np.ndarray, np.ndarray]:
+    """For each row of `windows` (oldest first): the median of its last `recent` values over the median
+    of the values before them, and whether that is a level shift: the ratio outside [low, high] with
+    the recent median also beyond the earlier values' 10th/90th percentile, so that a series whose
+    magnitude swings widely from step to step does not count its ordinary swings as shifts."""
+    now = _quantiles(np.sort(windows[:, -recent:], axis=1), (0.5,))[0]
+    p10, p50, p90 = _quantiles(np.sort(windows[:, :-recent], axis=1), (0.1, 0.5, 0.9))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(p50 > 0, now / p50, np.nan)
+    shifted = ((ratio > high) & (now > p90)) | ((ratio < low) & (now < p10))
+    return ratio, shifted
+
+
+def _quantiles(rows_sorted: np.ndarray, qs: tuple[float, ...]) -> list[np.ndarray]:
+    """Quantiles of each sorted row, interpolated as numpy's default ("linear") does; one sort for
+    all of them is several times cheaper than np.percentile on many short rows."""
+    m = rows_sorted.shape[1]
+    out = []
+    for q in qs:
+        pos = q * (m - 1)
+        lo = int(pos)
+        hi = min(lo + 1, m - 1)
+        frac = pos - lo
+        out.append(rows_sorted[:, lo] * (1 - frac) + rows_sorted[:, hi] * frac)
+    return out

@@ -47,6 +47,8 @@ class LineParserChain:
 
     @staticmethod
     def _auto_structured(line: str) -> Record | None:
+        if line.startswith("{'"):
+            return parse_hf_dict(line)  # the HF console line as the framer hands it: the common case
         s = line.lstrip()
         if s.startswith('{"'):
             return parse_json_line(s)

@@ -13,8 +13,6 @@ from exporter.parsers.values import Skip, to_float
 # key: '...' or "..." (repr switches quotes when the key holds a '); value: a quoted string, whose
 # inside is captured apart (transformers 5 quotes every number), or anything up to the next , or }
 _PAIR = re.compile(r"""(?:'([^']*)'|"([^"]*)")\s*:\s*(?:'([^']*)'|("[^"]*"|[^,{}]*))""")
-# transformers 5 quotes every value: `'key': 'value'` pairs only, the fast path
-_QUOTED_PAIR = re.compile(r"'([^']*)': '([^']*)'")
 # OpenRLHF logs `✨ Global step 12: {...}` through Python logging.
 _OPENRLHF = re.compile(r"Global step (\d+):\s*(\{.*)$")
 
@@ -35,6 +33,24 @@ def parse_pairs(body: str, fmt: str, step: int | None = None) -> Record:
     return Record(values=values, fmt=fmt, step=step, skipped=skipped)
 
 
+def _all_quoted(body: str) -> Record | None:
+    """transformers 5 quotes every value: `'k': 'v', 'k': 'v'`. Cut with one str.split (C) instead of
+    a regex walk; None unless the line is exactly that shape with a number in every value."""
+    parts = body.split("'")  # '', k, ': ', v, ', ', k, ': ', v, ''
+    n4 = len(parts) - 1
+    if n4 % 4 or parts[0] or parts[-1]:
+        return None
+    n = n4 // 4
+    # no key or value holds a quote, or a separator would be out of place
+    if parts[2::4].count(": ") != n or parts[4:-1:4].count(", ") != n - 1:
+        return None
+    try:
+        numbers = list(map(float, parts[3::4]))
+    except ValueError:
+        return None  # a 'None' or text value somewhere: the general path counts it
+    return Record.of(tuple(parts[1::4]), numbers, "hf_dict")
+
+
 def parse_hf_dict(line: str) -> Record | None:
     s = line.strip()
     if not s.startswith("{'") and not s.startswith('{"'):
@@ -45,12 +61,9 @@ def parse_hf_dict(line: str) -> Record | None:
         raise ParseError("truncated", s[-40:], "hf_dict")
     body = s[1:-1]
     if '"' not in body:
-        pairs = _QUOTED_PAIR.findall(body)
-        if pairs and len(pairs) == body.count("': "):  # every value quoted: numbers, as transformers 5 prints
-            try:
-                return Record(values={k: float(v) for k, v in pairs}, fmt="hf_dict")
-            except ValueError:
-                pass  # a 'None'-like or text value somewhere: the general path counts it
+        rec = _all_quoted(body)
+        if rec is not None:
+            return rec
     return parse_pairs(body, "hf_dict")
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 from functools import lru_cache
 
 
@@ -22,16 +21,43 @@ EVAL_PREFIXES = ("eval_", "eval/", "val-core/", "val-aux/", "test_", "test/")
 NEUTRAL_KEYS = frozenset({"epoch", "step", "global_step", "training/global_step", "training/epoch"})
 
 
-@dataclass(slots=True)
 class Record:
-    values: dict[str, float]
-    fmt: str
-    step: int | None = None  # the record's own step, when the format carries one
-    kind: RecordKind = RecordKind.TRAIN
-    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count of values not exported
+    """A record's keys (its shape) and numbers, in the order the trainer printed them.
 
-    def __post_init__(self) -> None:
-        self.kind = classify(tuple(self.values))
+    Stored as two sequences rather than a dict: a run applies records a batch at a time, per
+    shape, and the hot parser produces the two directly. `values` builds the dict on demand."""
+
+    __slots__ = ("_values", "fmt", "kind", "numbers", "shape", "skipped", "step")
+
+    def __init__(self, values: dict[str, float], fmt: str, step: int | None = None,
+                 skipped: dict[str, int] | None = None) -> None:
+        self._init(tuple(values), list(values.values()), fmt, step, skipped or {})
+        self._values: dict[str, float] | None = values
+
+    @classmethod
+    def of(cls, shape: tuple[str, ...], numbers: list[float], fmt: str, step: int | None = None) -> Record:
+        rec = cls.__new__(cls)
+        rec._init(shape, numbers, fmt, step, {})
+        rec._values = None
+        return rec
+
+    def _init(self, shape: tuple[str, ...], numbers: list[float], fmt: str, step: int | None,
+              skipped: dict[str, int]) -> None:
+        self.shape = shape
+        self.numbers = numbers
+        self.fmt = fmt
+        self.step = step  # the record's own step, when the format carries one
+        self.skipped = skipped  # reason -> count of values not exported
+        self.kind = classify(shape)
+
+    @property
+    def values(self) -> dict[str, float]:
+        if self._values is None:
+            self._values = dict(zip(self.shape, self.numbers, strict=True))
+        return self._values
+
+    def __repr__(self) -> str:
+        return f"Record({self.values!r}, {self.fmt!r}, step={self.step!r}, kind={self.kind.value})"
 
 
 @lru_cache(maxsize=1024)  # a trainer prints a few record shapes over and over

@@ -1,0 +1,95 @@
+"""A batch of records turned into one column per canonical series.
+
+Records are buffered and applied in batches (instruments/run.py): moving values into the series
+and running the per-record checks one key of one record at a time costs a Python loop iteration
+per key, which was most of the exporter's time on a large log. Here the records of each shape
+(the same keys in the same order, which a trainer repeats) become one 2-D numpy array, its
+columns are the series, and a series fed by several shapes is merged back into record order."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from exporter.parsers.record import Record, RecordKind, classify
+
+SeriesKey = tuple[str, str | None]  # (instrument, sub-label value)
+Shape = tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShapePlan:
+    """Which position of a record shape feeds which series."""
+
+    series: tuple[SeriesKey, ...]
+    positions: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One series' values in a batch, in record order: NaN and inf included, `finite` marks the rest."""
+
+    rows: np.ndarray  # index of each value's record in the batch
+    steps: np.ndarray
+    values: np.ndarray
+    finite: np.ndarray
+
+    @property
+    def all_finite(self) -> bool:
+        return bool(self.finite.all())
+
+    def finite_values(self) -> np.ndarray:
+        return self.values if self.all_finite else self.values[self.finite]
+
+    def finite_steps(self) -> np.ndarray:
+        return self.steps if self.all_finite else self.steps[self.finite]
+
+    def last_finite(self) -> float | None:
+        v = self.finite_values()
+        return float(v[-1]) if len(v) else None
+
+    def dense(self, nrows: int) -> np.ndarray:
+        """Values spread over every record of the batch; NaN where this series is missing or not finite."""
+        out = np.full(nrows, np.nan)
+        out[self.rows[self.finite]] = self.values[self.finite]
+        return out
+
+
+def rows_by_shape(records: Sequence[Record]) -> dict[Shape, list[int]]:
+    """The batch's row indices of each record shape, in order."""
+    out: dict[Shape, list[int]] = {}
+    for i, rec in enumerate(records):
+        rows = out.get(rec.shape)
+        if rows is None:
+            out[rec.shape] = [i]
+        else:
+            rows.append(i)
+    return out
+
+
+def batch_columns(records: Sequence[Record], shapes: dict[Shape, list[int]],
+                  plan_of: Callable[[Shape], ShapePlan]) -> dict[SeriesKey, Column]:
+    """Columns of every series the batch's training records feed. Records carry their step."""
+    parts: dict[SeriesKey, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for shape, rows in shapes.items():
+        plan = plan_of(shape)
+        if not plan.series or classify(shape) is not RecordKind.TRAIN:
+            continue
+        table = np.array([records[i].numbers for i in rows], dtype=np.float64)
+        rows_a = np.array(rows, dtype=np.int64)
+        for sk, pos in zip(plan.series, plan.positions, strict=True):
+            parts.setdefault(sk, []).append((rows_a, table[:, pos]))
+    steps = np.fromiter([r.step for r in records], dtype=np.int64, count=len(records))
+    out: dict[SeriesKey, Column] = {}
+    for sk, pieces in parts.items():
+        if len(pieces) == 1:
+            rows_a, vals = pieces[0]
+        else:  # the series comes from several shapes: back into record order
+            rows_a = np.concatenate([r for r, _ in pieces])
+            vals = np.concatenate([v for _, v in pieces])
+            order = np.argsort(rows_a, kind="stable")
+            rows_a, vals = rows_a[order], vals[order]
+        out[sk] = Column(rows_a, steps[rows_a], vals, np.isfinite(vals))
+    return out
