@@ -23,3 +23,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[test]'
+# pip compiles the bytecode of a package it installs (the image does that), not of an editable
+# install; with PYTHONDONTWRITEBYTECODE set, every start would compile the package again.
+.venv/bin/python -m compileall -q exporter

@@ -301,7 +301,7 @@ def test_fallback_wrapper_stops_the_exporter_when_the_trainer_is_done(rendered, 
     proc = subprocess.Popen([*side["command"], *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline, body = time.monotonic() + 20, ""
-        while time.monotonic() < deadline and "posttrain_loss" not in body:
+        while time.monotonic() < deadline and "posttrain_loss{" not in body:  # not posttrain_loss_sign_flips
             try:
                 body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
             except OSError:

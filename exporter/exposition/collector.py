@@ -79,8 +79,9 @@ class ExporterCollector(Collector):
                                      "instrument and level: a breach between two scrapes still counts.")
         flips = CounterMetricFamily("posttrain_loss_sign_flips", "Times the smoothed loss went negative after "
                                     "being positive (002: a strong signal to stop).", labels=["run"])
-        jumps = CounterMetricFamily("posttrain_loss_discontinuities", "Times the loss magnitude left the band "
-                                    "[0.5, 2] x its recent median (002: suddenly doubled or halved).", labels=["run"])
+        jumps = CounterMetricFamily("posttrain_loss_discontinuities", "Times the loss magnitude shifted out of "
+                                    "the band [0.5, 2] x its median before, beyond its usual swings (002: suddenly "
+                                    "doubled or halved).", labels=["run"])
         thresholds = GaugeMetricFamily("posttrain_threshold", "Threshold in force for this run (the seeds' default "
                                        "or the config's), for alert rules.", labels=["run", "instrument", "level"])
         nonfinite = _labelled_counter("posttrain_nonfinite_values", "NaN or infinite values logged, by "

@@ -384,8 +384,9 @@ DERIVED_HELP: dict[str, str] = {
                         "current one.",
     "posttrain_loss_oscillating": "1 when the loss oscillates around zero: its window mean is within noise of "
                                   "zero and it changes sign on at least 40% of steps.",
-    "posttrain_loss_magnitude_ratio": "Mean |loss| of the last min_points steps over the median |loss| before "
-                                      "them; outside [0.5, 2] is a discontinuity.",
+    "posttrain_loss_magnitude_ratio": "Median |loss| of the last min_points steps over the median |loss| of the "
+                                      "window before them; outside [0.5, 2], and beyond that window's 10th/90th "
+                                      "percentile, is a discontinuity.",
 }
 
 # The seed text each derived gauge serves (docs/metrics.md).

@@ -56,7 +56,7 @@ class RunState:
         """Counters at once; the record's values wait in a batch that is applied when it is full or
         before the state is read (refresh)."""
         assert rec.step is not None, "records reach a run with a step"
-        self.records[rec.kind.value] += 1
+        self.records[rec.kind] += 1
         self.last_record_time = time.time()
         if rec.skipped:
             self.values_skipped.update(rec.skipped)

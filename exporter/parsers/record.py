@@ -6,7 +6,7 @@ import enum
 from functools import lru_cache
 
 
-class RecordKind(enum.Enum):
+class RecordKind(enum.StrEnum):  # a str: counters keyed by kind read as "train", "eval", "summary"
     TRAIN = "train"
     EVAL = "eval"
     SUMMARY = "summary"
@@ -19,6 +19,9 @@ SUMMARY_KEYS = frozenset({"train_runtime", "train_loss", "train_samples_per_seco
 EVAL_PREFIXES = ("eval_", "eval/", "val-core/", "val-aux/", "test_", "test/")
 # Keys that are bookkeeping, not metrics of the kind of record.
 NEUTRAL_KEYS = frozenset({"epoch", "step", "global_step", "training/global_step", "training/epoch"})
+
+
+_NO_SKIPS: dict[str, int] = {}  # shared, never written: the hot path's records skip nothing
 
 
 class Record:
@@ -36,8 +39,10 @@ class Record:
 
     @classmethod
     def of(cls, shape: tuple[str, ...], numbers: list[float], fmt: str, step: int | None = None) -> Record:
+        """The hot parser's constructor: no dict is built."""
         rec = cls.__new__(cls)
-        rec._init(shape, numbers, fmt, step, {})
+        rec.shape, rec.numbers, rec.fmt, rec.step, rec.skipped = shape, numbers, fmt, step, _NO_SKIPS
+        rec.kind = classify(shape)
         rec._values = None
         return rec
 

@@ -1,0 +1,196 @@
+"""Records reach a run's series a batch at a time. Where the batches are cut (the batch size, a
+scrape in between) must change nothing: the state carried from one batch to the next (stream
+tails, the reward peak, the loss's sign and level) has to make every batching give what one record
+at a time gives."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from conftest import TRL, trainer_state
+
+import exporter.instruments.run as run_module
+from exporter.instruments.columns import Column
+from exporter.instruments.keymap import KeyMap
+from exporter.instruments.run import RunState
+from exporter.instruments.series import Series
+from exporter.parsers.chain import LineParserChain
+from exporter.parsers.pydict import parse_pairs
+from exporter.parsers.record import Record
+
+
+def fixture_records(run: str) -> list[tuple[dict[str, float], int]]:
+    out = []
+    for e in trainer_state(run):
+        values = {k: float(v) for k, v in e.items() if k != "step" and isinstance(v, int | float)}
+        out.append((values, e["step"]))
+    return out
+
+
+def synthetic_records() -> list[tuple[dict[str, float], int]]:
+    """NaN and inf, a step logged twice, evaluation records between training ones, a shape that
+    changes, and a resume from a checkpoint (the step goes back)."""
+    rng = np.random.default_rng(11)
+    out: list[tuple[dict[str, float], int]] = []
+    for step in range(1, 400):
+        v = {"loss": float(rng.normal(0.2 if step < 200 else 0.5, 0.02)), "kl": float(abs(rng.normal(0.3, 0.4))),
+             "reward": float(np.sin(step / 30) + rng.normal(0, 0.1)), "reward_std": float(abs(rng.normal(0.06, 0.03))),
+             "clip_ratio/low_mean": float(abs(rng.normal(0.02, 0.03))),
+             "clip_ratio/high_mean": float(abs(rng.normal(0.02, 0.03))),
+             "rewards/f/std": float(abs(rng.normal(0.01, 0.01))),
+             "timing_s/gen": float(rng.uniform(1, 5)), "timing_s/step": 10.0}
+        if step % 2:
+            v["completions/mean_length"] = float(100 + step / 2 + rng.normal(0, 5))
+            v["completions/mean_terminated_length"] = v["completions/mean_length"] - 3
+        if step % 37 == 0:
+            v["kl"] = math.nan
+        if step % 53 == 0:
+            v["reward"] = math.inf
+        out.append((v, step))
+        if step % 41 == 0:
+            out.append(({"loss": 0.3, "kl": 0.2}, step))  # the same step logged again
+        if step % 50 == 0:
+            out.append(({"eval_loss": float(step), "epoch": step / 100}, step))
+        if step == 300:
+            out.extend(({"loss": 0.25, "kl": 0.1, "reward": 0.0}, s) for s in range(250, 260))  # resumed
+    return out
+
+
+def run_in_batches(records, batch: int, scrape_every: int | None, monkeypatch) -> RunState:
+    monkeypatch.setattr(run_module, "BATCH_RECORDS", batch)
+    run = RunState("r", KeyMap())
+    for i, (values, step) in enumerate(records):
+        run.ingest(Record(dict(values), "jsonl", step=step))
+        if scrape_every and i % scrape_every == scrape_every - 1:
+            run.refresh()
+    run.refresh()
+    return run
+
+
+def state_of(run: RunState) -> dict:
+    return {
+        "series": {k: (s.history, s.last_step, s.last_value) for k, s in run.series.items()},
+        "gauges": dict(run.derived.gauges),
+        "breaches": dict(run.derived.breaches),
+        "flips": run.derived.loss_sign_flips,
+        "shifts": run.derived.loss_discontinuities,
+        "passthrough": dict(run.passthrough),
+        "nonfinite": dict(run.nonfinite),
+        "records": dict(run.records),
+        "resets": run.resets,
+        "step": run.step,
+    }
+
+
+def same(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float):  # rolling sums restart at batch cuts: equal to rounding
+        return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
+
+
+@pytest.mark.parametrize("source", ["grpo", "grpo_saturated", "dpo", "sft", "synthetic"])
+def test_where_batches_are_cut_changes_nothing(source: str, monkeypatch) -> None:
+    records = synthetic_records() if source == "synthetic" else fixture_records(source)
+    one_at_a_time = state_of(run_in_batches(records, 1, None, monkeypatch))
+    assert one_at_a_time["series"] and one_at_a_time["gauges"]
+    for batch, scrape_every in [(1024, None), (7, None), (64, 13), (1024, 1)]:
+        batched = state_of(run_in_batches(records, batch, scrape_every, monkeypatch))
+        for part, value in one_at_a_time.items():
+            assert same(value, batched[part]), f"batch {batch}, scrape every {scrape_every}: {part} differs"
+
+
+def test_synthetic_run_exercises_what_it_claims(monkeypatch) -> None:
+    run = run_in_batches(synthetic_records(), 64, None, monkeypatch)
+    assert run.resets == 1 and run.records["eval"] == 7
+    assert run.nonfinite[("kl", None)] > 0 and run.nonfinite[("reward", None)] > 0
+    assert run.derived.breaches[(("instrument", "kl"), ("level", "critical"))] > 0
+    assert run.derived.loss_discontinuities >= 1  # the loss level goes from 0.2 to 0.5 at step 200
+
+
+def column(steps, values) -> Column:
+    v = np.array(values, dtype=float)
+    s = np.array(steps, dtype=np.int64)
+    return Column(np.arange(len(s)), s, v, np.isfinite(v))
+
+
+def test_series_keeps_the_last_finite_points_within_its_limit() -> None:
+    s = Series(5)
+    expected: list[tuple[int, float]] = []
+    rng = random.Random(3)
+    step = 0
+    for _ in range(200):  # many batches of random sizes: the buffer wraps many times
+        n = rng.randint(1, 9)
+        steps = list(range(step + 1, step + n + 1))
+        values = [rng.choice([float(i), math.nan]) for i in steps]
+        step += n
+        s.extend(column(steps, values))
+        expected.extend((st, v) for st, v in zip(steps, values, strict=True) if not math.isnan(v))
+        assert s.history == expected[-5:]
+        assert s.last_step == steps[-1] and (s.last_value == values[-1] or math.isnan(values[-1]))
+
+
+def test_series_same_step_again_replaces_and_cut_back_forgets() -> None:
+    s = Series(100)
+    s.extend(column([1, 2, 3, 3], [1.0, 2.0, 3.0, 30.0]))
+    s.extend(column([3, 4], [300.0, 4.0]))
+    assert s.history == [(1, 1.0), (2, 2.0), (3, 300.0), (4, 4.0)]
+    s.cut_back(3)
+    assert s.history == [(1, 1.0), (2, 2.0)] and (s.last_step, s.last_value) == (2, 2.0)
+    s.cut_back(0)
+    assert s.history == [] and s.last_step == -1 and math.isnan(s.last_value)
+
+
+def fixture_dict_lines() -> list[str]:
+    lines = []
+    for run in ("sft", "dpo", "grpo", "grpo_saturated"):
+        text = (TRL / run / "stdout.log").read_text()
+        lines += [ln for ln in text.splitlines() if ln.startswith("{'")]
+    return lines
+
+
+def test_fast_path_reads_every_fixture_line_as_the_general_parser_does() -> None:
+    lines = fixture_dict_lines()
+    assert len(lines) > 1000
+    parser = LineParserChain()
+    for line in lines:
+        fast = parser.parse(line)
+        general = parse_pairs(line.strip()[1:-1], "hf_dict")
+        assert fast.shape == general.shape and same(fast.numbers, general.numbers), line
+        assert fast.values == general.values and fast.kind == general.kind
+
+
+@pytest.mark.parametrize(("line", "values", "skipped"), [
+    ("{'loss': 'None', 'kl': '0.1'}", {"kl": 0.1}, {"none": 1}),  # not a number: counted, not lost
+    ("{'loss': '0.5', 'note': 'it, is'}", {"loss": 0.5}, {"non_numeric": 1}),
+    ("{'loss': 0.5, 'kl': '0.1'}", {"loss": 0.5, "kl": 0.1}, {}),  # mixed quoting
+    ("{'loss': 'nan', 'kl': 'inf'}", {"loss": math.nan, "kl": math.inf}, {}),
+    ("{'a': '1', 'b': '2' }", {"a": 1.0, "b": 2.0}, {}),  # a space before the brace
+])
+def test_lines_off_the_fast_path_still_parse(line: str, values: dict, skipped: dict) -> None:
+    rec = LineParserChain().parse(line)
+    assert same(rec.values, values) and rec.skipped == skipped
+
+
+def loss_shifts(values) -> int:
+    run = RunState("s", KeyMap())
+    for step, v in enumerate(values, start=1):
+        run.ingest(Record({"loss": float(v)}, "jsonl", step=step))
+    run.refresh()
+    return run.derived.loss_discontinuities
+
+
+def test_level_shift_needs_to_stand_out_of_the_series_own_swings() -> None:
+    """002's "suddenly doubled or halved", on a pg loss whose magnitude swings from step to step
+    the way GRPO's does (lognormal: a factor of 3 either way is ordinary): its swings are not shifts,
+    a real quadrupling of its level is one."""
+    swings = np.exp(np.random.default_rng(12).normal(np.log(0.02), 1.0, 400))
+    assert loss_shifts(swings) <= 2  # 400 steps of ordinary swings
+    before = loss_shifts(swings[:200])
+    assert loss_shifts(np.concatenate([swings[:200], 4 * swings[200:260]])) == before + 1
