@@ -5,10 +5,12 @@ the sidecar's arguments against the exporter's CLI, and the fallback sidecar's w
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -265,7 +267,7 @@ def test_sidecar_spec(rendered, case):
     assert side["ports"] == [{"name": "metrics", "containerPort": 9847, "protocol": "TCP"}]
     for probe in ("livenessProbe", "readinessProbe"):
         assert side[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-    assert side["resources"] == {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
+    assert side["resources"] == {"requests": {"cpu": "50m", "memory": "80Mi"}, "limits": {"memory": "128Mi"}}
     assert {"name": "posttrain-logs", "mountPath": "/logs", "readOnly": True} in side["volumeMounts"]
     # The rendered arguments are accepted by the exporter's own CLI.
     args = build_parser().parse_args(side["args"])
@@ -298,7 +300,9 @@ def test_fallback_wrapper_stops_the_exporter_when_the_trainer_is_done(rendered, 
     bindir.mkdir()
     (bindir / "posttrain-exporter").symlink_to(Path(sys.executable).parent / "posttrain-exporter")
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "DONE_FILE": str(done), "DONE_GRACE_SECONDS": "1"}
-    proc = subprocess.Popen([*side["command"], *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # its own process group: on failure the wrapper and the exporter it started are killed together
+    proc = subprocess.Popen([*side["command"], *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     try:
         deadline, body = time.monotonic() + 20, ""
         while time.monotonic() < deadline and "posttrain_loss{" not in body:  # not posttrain_loss_sign_flips
@@ -313,9 +317,9 @@ def test_fallback_wrapper_stops_the_exporter_when_the_trainer_is_done(rendered, 
         done.touch()
         assert proc.wait(timeout=15) == 0, proc.stdout.read().decode()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def test_parent_chart_includes_the_sidecar(helm, kval, tmp_path):
