@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from exporter.parsers.quoted import QuotedShapes
 from exporter.parsers.record import ParseError, Record
 from exporter.parsers.values import Skip, to_float
 
@@ -33,22 +34,8 @@ def parse_pairs(body: str, fmt: str, step: int | None = None) -> Record:
     return Record(values=values, fmt=fmt, step=step, skipped=skipped)
 
 
-def _all_quoted(body: str) -> Record | None:
-    """transformers 5 quotes every value: `'k': 'v', 'k': 'v'`. Cut with one str.split (C) instead of
-    a regex walk; None unless the line is exactly that shape with a number in every value."""
-    parts = body.split("'")  # '', k, ': ', v, ', ', k, ': ', v, ''
-    n4 = len(parts) - 1
-    if n4 % 4 or parts[0] or parts[-1]:
-        return None
-    n = n4 // 4
-    # no key or value holds a quote, or a separator would be out of place
-    if parts[2::4].count(": ") != n or parts[4:-1:4].count(", ") != n - 1:
-        return None
-    try:
-        numbers = list(map(float, parts[3::4]))
-    except ValueError:
-        return None  # a 'None' or text value somewhere: the general path counts it
-    return Record.of(tuple(parts[1::4]), numbers, "hf_dict")
+# transformers 5's all-quoted lines, read per record shape (parsers/quoted.py)
+_QUOTED = QuotedShapes()
 
 
 def parse_hf_dict(line: str) -> Record | None:
@@ -61,7 +48,7 @@ def parse_hf_dict(line: str) -> Record | None:
         raise ParseError("truncated", s[-40:], "hf_dict")
     body = s[1:-1]
     if '"' not in body:
-        rec = _all_quoted(body)
+        rec = _QUOTED.parse(body)
         if rec is not None:
             return rec
     return parse_pairs(body, "hf_dict")

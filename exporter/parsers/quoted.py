@@ -1,0 +1,61 @@
+"""The fast path for transformers 5's console lines, where every value is a quoted string:
+`'loss': '6.176', 'grad_norm': '4.169', ...` (the body of the dict, without its braces).
+
+A trainer prints a few record shapes (the same keys in the same order) over and over. The first
+line of a shape is cut with one str.split and checked; it then gets a pattern of its own, the
+shape's keys as literal text with a group for each value, so that the next lines of that shape
+are read by one fullmatch (which also checks the whole line) and share one keys tuple. Anything
+else (a value that is not a number, a quote inside a key or value, a new shape beyond the cache)
+returns None and goes to the general pair parser."""
+
+from __future__ import annotations
+
+import re
+
+from exporter.parsers.record import Record
+
+_MAX_SHAPES = 16  # patterns kept, most recently used first; a trainer has a handful of shapes
+
+
+class QuotedShapes:
+    def __init__(self) -> None:
+        self._shapes: list[tuple[re.Pattern[str], tuple[str, ...]]] = []
+
+    def parse(self, body: str) -> Record | None:
+        shapes = self._shapes
+        for i, (pattern, keys) in enumerate(shapes):
+            m = pattern.fullmatch(body)
+            if m is not None:
+                if i:  # most recent first: GRPO alternates between two shapes
+                    shapes.insert(0, shapes.pop(i))
+                return _record(keys, m.groups())
+        split = _split(body)
+        if split is None:
+            return None
+        keys, values = split
+        shapes.insert(0, (_pattern_of(keys), keys))
+        del shapes[_MAX_SHAPES:]
+        return _record(keys, values)
+
+
+def _record(keys: tuple[str, ...], values: tuple[str, ...] | list[str]) -> Record | None:
+    try:
+        return Record.of(keys, list(map(float, values)), "hf_dict")
+    except ValueError:
+        return None  # a 'None' or text value somewhere: the general path counts it
+
+
+def _split(body: str) -> tuple[tuple[str, ...], list[str]] | None:
+    parts = body.split("'")  # '', k, ': ', v, ', ', k, ': ', v, ''
+    n4 = len(parts) - 1
+    if n4 % 4 or parts[0] or parts[-1]:
+        return None
+    n = n4 // 4
+    # no key or value holds a quote, or a separator would be out of place
+    if parts[2::4].count(": ") != n or parts[4:-1:4].count(", ") != n - 1:
+        return None
+    return tuple(parts[1::4]), parts[3::4]
+
+
+def _pattern_of(keys: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile(", ".join(re.escape(f"'{k}': '") + "([^']*)'" for k in keys))
