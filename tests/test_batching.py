@@ -10,15 +10,13 @@ import random
 
 import numpy as np
 import pytest
-from conftest import TRL, trainer_state
+from conftest import trainer_state
 
 import exporter.instruments.run as run_module
 from exporter.instruments.columns import Column
 from exporter.instruments.keymap import KeyMap
 from exporter.instruments.run import RunState
 from exporter.instruments.series import Series
-from exporter.parsers.chain import LineParserChain
-from exporter.parsers.pydict import parse_pairs
 from exporter.parsers.record import Record
 
 
@@ -145,37 +143,6 @@ def test_series_same_step_again_replaces_and_cut_back_forgets() -> None:
     assert s.history == [(1, 1.0), (2, 2.0)] and (s.last_step, s.last_value) == (2, 2.0)
     s.cut_back(0)
     assert s.history == [] and s.last_step == -1 and math.isnan(s.last_value)
-
-
-def fixture_dict_lines() -> list[str]:
-    lines = []
-    for run in ("sft", "dpo", "grpo", "grpo_saturated"):
-        text = (TRL / run / "stdout.log").read_text()
-        lines += [ln for ln in text.splitlines() if ln.startswith("{'")]
-    return lines
-
-
-def test_fast_path_reads_every_fixture_line_as_the_general_parser_does() -> None:
-    lines = fixture_dict_lines()
-    assert len(lines) > 1000
-    parser = LineParserChain()
-    for line in lines:
-        fast = parser.parse(line)
-        general = parse_pairs(line.strip()[1:-1], "hf_dict")
-        assert fast.shape == general.shape and same(fast.numbers, general.numbers), line
-        assert fast.values == general.values and fast.kind == general.kind
-
-
-@pytest.mark.parametrize(("line", "values", "skipped"), [
-    ("{'loss': 'None', 'kl': '0.1'}", {"kl": 0.1}, {"none": 1}),  # not a number: counted, not lost
-    ("{'loss': '0.5', 'note': 'it, is'}", {"loss": 0.5}, {"non_numeric": 1}),
-    ("{'loss': 0.5, 'kl': '0.1'}", {"loss": 0.5, "kl": 0.1}, {}),  # mixed quoting
-    ("{'loss': 'nan', 'kl': 'inf'}", {"loss": math.nan, "kl": math.inf}, {}),
-    ("{'a': '1', 'b': '2' }", {"a": 1.0, "b": 2.0}, {}),  # a space before the brace
-])
-def test_lines_off_the_fast_path_still_parse(line: str, values: dict, skipped: dict) -> None:
-    rec = LineParserChain().parse(line)
-    assert same(rec.values, values) and rec.skipped == skipped
 
 
 def loss_shifts(values) -> int:

@@ -6,10 +6,11 @@ import math
 import re
 
 import pytest
+from conftest import TRL
 
 from exporter.parsers.chain import LineParserChain
 from exporter.parsers.katib import parse_katib_anywhere, parse_katib_strict
-from exporter.parsers.pydict import parse_hf_dict
+from exporter.parsers.pydict import parse_hf_dict, parse_pairs
 from exporter.parsers.record import ParseError, RecordKind
 from exporter.parsers.userregex import RegexFormat
 from exporter.parsers.values import Skip, to_float
@@ -151,3 +152,34 @@ def test_quoted_shapes_reuse_a_pattern_and_fall_back_on_anything_else() -> None:
     for i in range(40):  # more shapes than the cache keeps: each still reads right
         assert shapes.parse(f"'k{i}': '{i}', 'loss': '1'").values == {f"k{i}": float(i), "loss": 1.0}
     assert shapes.parse("'loss': '0.75', 'kl': '0.2'").values == {"loss": 0.75, "kl": 0.2}
+
+
+def fixture_dict_lines() -> list[str]:
+    lines = []
+    for run in ("sft", "dpo", "grpo", "grpo_saturated"):
+        text = (TRL / run / "stdout.log").read_text()
+        lines += [ln for ln in text.splitlines() if ln.startswith("{'")]
+    return lines
+
+
+def test_fast_path_reads_every_fixture_line_as_the_general_parser_does() -> None:
+    lines = fixture_dict_lines()
+    assert len(lines) > 1000
+    parser = LineParserChain()
+    for line in lines:
+        fast = parser.parse(line)
+        general = parse_pairs(line.strip()[1:-1], "hf_dict")
+        assert fast.shape == general.shape and fast.kind == general.kind, line
+        assert list(map(repr, fast.numbers)) == list(map(repr, general.numbers)), line  # NaN reads as NaN
+
+
+@pytest.mark.parametrize(("line", "values", "skipped"), [
+    ("{'loss': 'None', 'kl': '0.1'}", {"kl": 0.1}, {"none": 1}),  # not a number: counted, not lost
+    ("{'loss': '0.5', 'note': 'it, is'}", {"loss": 0.5}, {"non_numeric": 1}),
+    ("{'loss': 0.5, 'kl': '0.1'}", {"loss": 0.5, "kl": 0.1}, {}),  # mixed quoting
+    ("{'loss': 'nan', 'kl': 'inf'}", {"loss": math.nan, "kl": math.inf}, {}),
+    ("{'a': '1', 'b': '2' }", {"a": 1.0, "b": 2.0}, {}),  # a space before the brace
+])
+def test_lines_off_the_fast_path_still_parse(line: str, values: dict, skipped: dict) -> None:
+    rec = LineParserChain().parse(line)
+    assert str(rec.values) == str(values) and rec.skipped == skipped
