@@ -234,6 +234,25 @@ def test_reward_peak_drawdown_and_plateau() -> None:
     assert gauge(curve_run([0.1] * 60, linear), "posttrain_reward_plateau") == 0.0
 
 
+def test_reward_peak_on_a_plateau_is_its_first_step() -> None:
+    """grpo_saturated: from about step 60 both reward functions are solved and the smoothed reward sits at
+    its top again and again. The best checkpoint is where it first got there, not a later window that
+    rounding made a hair higher."""
+    steps, reward = logged("grpo_saturated", "reward")
+    smoothed = np.convolve(reward, np.ones(MIN) / MIN, "valid")
+    at_top = np.isclose(smoothed, smoothed.max(), rtol=1e-9, atol=0)
+    assert at_top.sum() > 1  # a plateau: several windows share the top
+    assert gauge(feed("grpo_saturated"), "posttrain_reward_peak_step") == steps[MIN - 1 + int(np.argmax(at_top))]
+
+
+def test_reward_peak_ignores_rounding() -> None:
+    """A reward that repeats the same ten values: every smoothed window holds the same rewards in another
+    order, so every window is the same mean, though summed in another order some land an ulp higher."""
+    period = np.random.default_rng(1).uniform(0, 1, MIN)
+    run = curve_run([0.1] * 6 * MIN, list(np.tile(period, 6)))
+    assert gauge(run, "posttrain_reward_peak_step") == MIN  # the first full window, at step 10
+
+
 def test_breach_between_scrapes_is_counted() -> None:
     run = curve_run([0.2] * 12 + [1.5] + [0.2] * 3, [1.0] * 16)
     assert run.series["kl", None].last_value == 0.2

@@ -26,6 +26,7 @@ from exporter.instruments.window import StreamTail, level_shifts, rolling_mean, 
 
 SeriesKey = tuple[str, str | None]
 Labels = tuple[tuple[str, str], ...]
+_PEAK_TOLERANCE = 1e-9  # relative: smoothed rewards closer than this are the same reward
 
 REGIMES = (
     "improving_with_drift",  # KL rising, reward rising: changing and improving (healthy)
@@ -195,8 +196,11 @@ class DerivedState:
         if not full.any():
             return
         smoothed, steps = smoothed[full], steps[full]
-        best = int(np.argmax(smoothed))  # the first of equal maxima: a later tie is no new peak
-        if smoothed[best] > self._peak:
+        # A new peak must beat the old one by more than rounding, and among values equal up to rounding
+        # the first is the peak: a reward that stays on a plateau keeps its first step as the best.
+        top = float(smoothed.max())
+        if self._peak == -math.inf or top > self._peak + _PEAK_TOLERANCE * max(1.0, abs(self._peak)):
+            best = int(np.argmax(smoothed >= top - _PEAK_TOLERANCE * max(1.0, abs(top))))
             self._peak, self._peak_step = float(smoothed[best]), int(steps[best])
         now = float(smoothed[-1])
         self._set("posttrain_reward_smoothed", (), now)

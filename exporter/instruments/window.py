@@ -68,12 +68,19 @@ class StreamTail:
 
 def rolling_mean(stream: np.ndarray, start: int, size: int) -> tuple[np.ndarray, np.ndarray]:
     """Mean of the last `size` values (fewer at the stream's start) ending at each of stream[start:],
-    and how many values each mean is over."""
-    sums = np.concatenate([[0.0], np.cumsum(stream)])
-    end = np.arange(start + 1, len(stream) + 1)
-    first = np.maximum(end - size, 0)
-    counts = end - first
-    return (sums[end] - sums[first]) / counts, counts
+    and how many values each mean is over. Each full window is summed on its own, not as a difference
+    of running sums: equal windows give equal means, wherever they fall and however batches were cut."""
+    ends = np.arange(start + 1, len(stream) + 1)
+    counts = np.minimum(ends, size)
+    means = np.empty(len(ends))
+    full = ends >= size
+    if full.any():
+        windows = np.lib.stride_tricks.sliding_window_view(stream, size)  # window j ends at j + size
+        means[full] = windows[ends[full] - size].mean(axis=1)
+    if not full.all():  # the stream's first windows, shorter than size
+        first = ends[~full]
+        means[~full] = np.cumsum(stream[: first[-1]])[first - 1] / first
+    return means, counts
 
 
 def level_shifts(windows: np.ndarray, recent: int, low: float, high: float) -> tuple[np.ndarray, np.ndarray]:
