@@ -15,8 +15,10 @@ from conftest import trainer_state
 import exporter.instruments.run as run_module
 from exporter.instruments.columns import Column
 from exporter.instruments.keymap import KeyMap
-from exporter.instruments.run import RunState
+from exporter.instruments.run import RunLimits, RunState
 from exporter.instruments.series import Series
+from exporter.instruments.settings import DerivedSettings, WindowSpec
+from exporter.parsers.chain import LineParserChain
 from exporter.parsers.record import Record
 
 
@@ -161,3 +163,64 @@ def test_level_shift_needs_to_stand_out_of_the_series_own_swings() -> None:
     assert loss_shifts(swings) <= 2  # 400 steps of ordinary swings
     before = loss_shifts(swings[:200])
     assert loss_shifts(np.concatenate([swings[:200], 4 * swings[200:260]])) == before + 1
+
+
+# Edge cases where applying a whole batch at once could read the wrong points (found in review).
+
+def length_run(lengths, steps=None, terminated=None, history_limit=2048, batch=1024, monkeypatch=None) -> RunState:
+    if monkeypatch is not None:
+        monkeypatch.setattr(run_module, "BATCH_RECORDS", batch)
+    run = RunState("l", KeyMap(), RunLimits(history_limit=history_limit))
+    for i, v in enumerate(lengths):
+        values = {"completions/mean_length": float(v)}
+        if terminated is not None:
+            values["completions/mean_terminated_length"] = float(terminated)
+        run.ingest(Record(values, "jsonl", step=steps[i] if steps else i + 1))
+    run.refresh()
+    return run
+
+
+def test_truncation_gap_does_not_wait_for_the_length_baseline() -> None:
+    run = length_run([100 + s for s in range(1, 6)], terminated=90)  # 5 records, baseline needs 10
+    assert run.derived.gauges[("posttrain_completion_length_truncation_gap", ())] == 105 - 90
+    assert ("posttrain_completion_length_baseline", ()) not in run.derived.gauges
+
+
+@pytest.mark.parametrize("batch", [1, 8, 1024])
+def test_length_baseline_is_the_first_lengths_logged_even_past_the_history_limit(batch, monkeypatch) -> None:
+    lengths = np.array([100 + 10 * s for s in range(1, 101)], dtype=float)
+    run = length_run(lengths, history_limit=20, batch=batch, monkeypatch=monkeypatch)
+    baseline = lengths[:10].mean()
+    ratios = np.array([lengths[max(0, i - 49) : i + 1].mean() for i in range(9, 100)]) / baseline
+    assert run.derived.gauges[("posttrain_completion_length_baseline", ())] == baseline == 155.0
+    assert run.derived.breaches[(("instrument", "completion_length_ratio"), ("level", "high"))] == int(
+        np.sum(ratios > 2.0))
+
+
+def test_length_baseline_is_not_moved_by_a_step_logged_again_after_it() -> None:
+    steps = [*range(1, 11), 10, 11, 12]
+    run = length_run([100] * 10 + [5000] * 3, steps=steps)
+    assert run.derived.gauges[("posttrain_completion_length_baseline", ())] == 100.0
+
+
+@pytest.mark.parametrize(("size", "min_points"), [(10, 10), (1, 1), (15, 10)])
+def test_loss_window_shorter_than_twice_min_points_has_no_level_shift_and_no_crash(size, min_points) -> None:
+    """A level shift compares the last min_points losses with at least as many before them: a loss window
+    with room for fewer never judges one (and a window of exactly min_points must not crash)."""
+    spec = WindowSpec(size=size, min_points=min_points)
+    run = RunState("w", KeyMap(), settings=DerivedSettings(per_instrument={"loss": spec}))
+    swings = np.exp(np.random.default_rng(13).normal(np.log(0.02), 1.0, 300))
+    for step, v in enumerate([*swings, *(4 * swings[:60])], start=1):
+        run.ingest(Record({"loss": float(v)}, "jsonl", step=step))
+    run.refresh()
+    assert run.derived.loss_discontinuities == 0 and len(run.series["loss", None]) == min(360, 2048)
+
+
+def test_a_key_printed_twice_keeps_its_last_value_as_a_dict_does() -> None:
+    run = RunState("d", KeyMap())
+    rec = LineParserChain().parse("{'kl': '0.1', 'kl': '5.0'}")
+    rec.step = 1
+    run.ingest(rec)
+    run.refresh()
+    assert run.series["kl", None].last_value == 5.0 == run.passthrough["kl"]
+    assert run.derived.breaches[(("instrument", "kl"), ("level", "critical"))] == 1

@@ -91,6 +91,7 @@ class DerivedState:
         self._dirty: set[SeriesKey] = set()
         self._length_baseline = settings.length_baseline
         self._length_tail = StreamTail(self._spec("completion_length").size)
+        self._length_first: list[float] = []  # the first baseline_points lengths, until the baseline exists
         self._generation_tail = StreamTail(self._spec("generation_time").size)
         self._reward_tail = StreamTail(self._spec("reward").min_points)
         self._peak, self._peak_step = -math.inf, -1
@@ -112,7 +113,7 @@ class DerivedState:
     # between two scrapes still counts; the state carried between batches (stream tails, the peak,
     # the loss's sign) makes the result the same wherever the batches were cut.
 
-    def on_batch(self, series: dict[SeriesKey, Series], cols: dict[SeriesKey, Column], nrows: int) -> None:
+    def on_batch(self, cols: dict[SeriesKey, Column], nrows: int) -> None:
         self._dirty.update(cols)
         for key, col in cols.items():
             inst = key[0]
@@ -130,7 +131,7 @@ class DerivedState:
         if (c := get(("policy_ratio", None))) is not None and (v := c.last_finite()) is not None:
             self._set("posttrain_policy_ratio_distance", (), abs(v - 1.0))
         if (c := get(("completion_length", "mean"))) is not None:
-            self._length(series["completion_length", "mean"], c, get(("completion_length", "mean_terminated")), nrows)
+            self._length(c, get(("completion_length", "mean_terminated")), nrows)
         if (c := get(("reward", None))) is not None:
             self._reward(c.finite_values(), c.finite_steps())
         if (c := get(("loss", None))) is not None:
@@ -164,24 +165,23 @@ class DerivedState:
         else:
             self.gauges.pop(("posttrain_clip_asymmetry", ()), None)  # undefined without clipping
 
-    def _length(self, s: Series, mean: Column, terminated: Column | None, nrows: int) -> None:
+    def _length(self, mean: Column, terminated: Column | None, nrows: int) -> None:
         values = mean.finite_values()
-        if not len(values):
-            return
-        size, points = self._spec("completion_length").size, self.settings.baseline_points
-        stream, start = self._length_tail.extend(values)
-        means, _ = rolling_mean(stream, start, size)
-        if self._length_baseline is None and len(s) >= points:
-            self._length_baseline = float(np.mean(s.arrays()[1][:points]))
-            # the baseline exists from the record that brought the history to `points` values on
-            means = means[max(0, len(means) - (len(s) - points) - 1):]
-        elif self._length_baseline is None:
-            return
-        if self._length_baseline:
-            ratios = means / self._length_baseline
-            self._set("posttrain_completion_length_baseline", (), self._length_baseline)
-            self._set("posttrain_completion_length_baseline_ratio", (), float(ratios[-1]))
-            self._breaches("completion_length_ratio", None, ratios)
+        if len(values):
+            size, points = self._spec("completion_length").size, self.settings.baseline_points
+            stream, start = self._length_tail.extend(values)
+            means, _ = rolling_mean(stream, start, size)
+            if self._length_baseline is None:  # the mean of the first `points` lengths logged
+                need = points - len(self._length_first)
+                self._length_first.extend(values[:need].tolist())
+                if len(self._length_first) == points:
+                    self._length_baseline = sum(self._length_first) / points
+                means = means[need - 1 :] if self._length_baseline is not None else means[:0]
+            if self._length_baseline and len(means):
+                ratios = means / self._length_baseline
+                self._set("posttrain_completion_length_baseline", (), self._length_baseline)
+                self._set("posttrain_completion_length_baseline_ratio", (), float(ratios[-1]))
+                self._breaches("completion_length_ratio", None, ratios)
         if terminated is not None:
             gap = mean.dense(nrows) - terminated.dense(nrows)
             gap = gap[np.isfinite(gap)]
@@ -229,7 +229,7 @@ class DerivedState:
             r, out = level_shifts(mags[None, :end], k, self._t.discontinuity_low, self._t.discontinuity_high)
             ratios.append(r)
             shifted.append(out)
-        full = ends[ends >= size]
+        full = ends[ends >= size] if size >= 2 * k else ends[:0]  # k points before the recent k, at least
         if len(full):
             windows = np.lib.stride_tricks.sliding_window_view(mags, size)[full - size]
             r, out = level_shifts(windows, k, self._t.discontinuity_low, self._t.discontinuity_high)
@@ -314,8 +314,8 @@ class DerivedState:
         self._length_tail.reset(length.arrays(self._spec("completion_length").size)[1].tolist() if length else [])
         if self.settings.length_baseline is None:
             points = self.settings.baseline_points
-            first = length.arrays()[1][:points] if length else []
-            self._length_baseline = float(np.mean(first)) if len(first) == points else None
+            self._length_first = length.arrays()[1][:points].tolist() if length else []
+            self._length_baseline = sum(self._length_first) / points if len(self._length_first) == points else None
         loss = series.get(("loss", None))
         self._loss_tail.reset(loss.arrays(self._spec("loss").size)[1].tolist() if loss else [])
 

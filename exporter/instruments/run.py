@@ -96,7 +96,7 @@ class RunState:
             s.extend(col)
             if not col.all_finite:
                 self.nonfinite[sk] += len(col.values) - int(np.count_nonzero(col.finite))
-        self.derived.on_batch(series, cols, len(batch))
+        self.derived.on_batch(cols, len(batch))
 
     def _plan(self, shape: Shape) -> ShapePlan:
         """Which key feeds which series, for one record shape; trainers repeat a few shapes, so the

@@ -54,7 +54,10 @@ def _split(body: str) -> tuple[tuple[str, ...], list[str]] | None:
     # no key or value holds a quote, or a separator would be out of place
     if parts[2::4].count(": ") != n or parts[4:-1:4].count(", ") != n - 1:
         return None
-    return tuple(parts[1::4]), parts[3::4]
+    keys = tuple(parts[1::4])
+    if len(set(keys)) != n:
+        return None  # a key twice: the general path keeps the last value, as a dict does
+    return keys, parts[3::4]
 
 
 def _pattern_of(keys: tuple[str, ...]) -> re.Pattern[str]:
