@@ -203,6 +203,13 @@ def test_length_baseline_is_not_moved_by_a_step_logged_again_after_it() -> None:
     assert run.derived.gauges[("posttrain_completion_length_baseline", ())] == 100.0
 
 
+def test_length_baseline_takes_the_later_value_of_a_step_logged_twice_before_it() -> None:
+    """As the history does: the first 10 steps, step 5 with its later value."""
+    steps = [1, 2, 3, 4, 5, 5, 6, 7, 8, 9, 10, 11]
+    run = length_run([100, 100, 100, 100, 100, 200, 100, 100, 100, 100, 100, 100], steps=steps)
+    assert run.derived.gauges[("posttrain_completion_length_baseline", ())] == (9 * 100 + 200) / 10
+
+
 @pytest.mark.parametrize(("size", "min_points"), [(10, 10), (1, 1), (15, 10)])
 def test_loss_window_shorter_than_twice_min_points_has_no_level_shift_and_no_crash(size, min_points) -> None:
     """A level shift compares the last min_points losses with at least as many before them: a loss window

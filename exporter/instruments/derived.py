@@ -91,7 +91,7 @@ class DerivedState:
         self._dirty: set[SeriesKey] = set()
         self._length_baseline = settings.length_baseline
         self._length_tail = StreamTail(self._spec("completion_length").size)
-        self._length_first: list[float] = []  # the first baseline_points lengths, until the baseline exists
+        self._length_first: list[tuple[int, float]] = []  # (step, length) until the baseline exists
         self._generation_tail = StreamTail(self._spec("generation_time").size)
         self._reward_tail = StreamTail(self._spec("reward").min_points)
         self._peak, self._peak_step = -math.inf, -1
@@ -171,12 +171,9 @@ class DerivedState:
             size, points = self._spec("completion_length").size, self.settings.baseline_points
             stream, start = self._length_tail.extend(values)
             means, _ = rolling_mean(stream, start, size)
-            if self._length_baseline is None:  # the mean of the first `points` lengths logged
-                need = points - len(self._length_first)
-                self._length_first.extend(values[:need].tolist())
-                if len(self._length_first) == points:
-                    self._length_baseline = sum(self._length_first) / points
-                means = means[need - 1 :] if self._length_baseline is not None else means[:0]
+            if self._length_baseline is None:  # the mean of the first `points` steps' lengths
+                done = self._first_lengths(mean.finite_steps(), values, points)
+                means = means[done:] if done is not None else means[:0]
             if self._length_baseline and len(means):
                 ratios = means / self._length_baseline
                 self._set("posttrain_completion_length_baseline", (), self._length_baseline)
@@ -187,6 +184,20 @@ class DerivedState:
             gap = gap[np.isfinite(gap)]
             if len(gap):
                 self._set("posttrain_completion_length_truncation_gap", (), float(gap[-1]))
+
+    def _first_lengths(self, steps: np.ndarray, values: np.ndarray, points: int) -> int | None:
+        """Collect the first `points` steps' lengths (a step logged again keeps its later value, as the
+        history does); at the record that completes them the baseline exists: its index, else None."""
+        first = self._length_first
+        for i, (step, value) in enumerate(zip(steps.tolist(), values.tolist(), strict=True)):
+            if first and first[-1][0] == step:
+                first[-1] = (step, value)
+            else:
+                first.append((step, value))
+            if len(first) == points:
+                self._length_baseline = sum(v for _, v in first) / points
+                return i
+        return None
 
     def _reward(self, values: np.ndarray, steps: np.ndarray) -> None:
         k = self._spec("reward").min_points
@@ -314,8 +325,10 @@ class DerivedState:
         self._length_tail.reset(length.arrays(self._spec("completion_length").size)[1].tolist() if length else [])
         if self.settings.length_baseline is None:
             points = self.settings.baseline_points
-            self._length_first = length.arrays()[1][:points].tolist() if length else []
-            self._length_baseline = sum(self._length_first) / points if len(self._length_first) == points else None
+            self._length_first, self._length_baseline = [], None
+            if length is not None:  # the first points of what remains
+                steps, values = length.arrays()
+                self._first_lengths(steps[:points], values[:points], points)
         loss = series.get(("loss", None))
         self._loss_tail.reset(loss.arrays(self._spec("loss").size)[1].tolist() if loss else [])
 
