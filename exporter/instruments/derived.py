@@ -152,16 +152,15 @@ class DerivedState:
             self.breaches[(*labels_of(inst, sub), ("level", level))] += n  # present at 0 once seen
 
     def _clipping(self, low: np.ndarray, high: np.ndarray) -> None:
-        total = low + high  # NaN unless both were logged, finite, in the same record
-        total = total[np.isfinite(total)]
-        if not len(total):
+        both = np.isfinite(low) & np.isfinite(high)  # both logged, finite, in the same record
+        if not both.any():
             return
+        low, high = low[both], high[both]
+        total = low + high
         self._set("posttrain_clip_combined", (), float(total[-1]))
         self._breaches("clip_total", None, total)
-        both = np.isfinite(low) & np.isfinite(high)
-        last_low, last_high = float(low[both][-1]), float(high[both][-1])
         if total[-1] > self._t.clip_asymmetry_min_total:
-            self._set("posttrain_clip_asymmetry", (), (last_high - last_low) / float(total[-1]))
+            self._set("posttrain_clip_asymmetry", (), float((high[-1] - low[-1]) / total[-1]))
         else:
             self.gauges.pop(("posttrain_clip_asymmetry", ()), None)  # undefined without clipping
 
