@@ -9,9 +9,15 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
+
+from exporter.instruments.keymap import KeyMap
+from exporter.instruments.run import RunLimits, RunState
+from exporter.instruments.settings import DerivedSettings
+from exporter.parsers.record import Record
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
@@ -45,6 +51,22 @@ def fixture_captures() -> list[tuple[str, str]]:
 
 def trainer_state(run: str) -> list[dict]:
     return json.loads((TRL / run / "trainer_state.json").read_text())["log_history"]
+
+
+def trainer_state_values(run: str) -> list[tuple[dict[str, float], int]]:
+    """Each trainer_state entry as (its numeric values, its step): full precision, the trainer's own steps."""
+    return [({k: float(v) for k, v in e.items() if k != "step" and isinstance(v, int | float)}, e["step"])
+            for e in trainer_state(run)]
+
+
+def ingested(records: Iterable[tuple[dict[str, float], int]], name: str = "r",
+             settings: DerivedSettings | None = None, limits: RunLimits | None = None) -> RunState:
+    """(values, step) pairs through a RunState, brought up to date to be read."""
+    run = RunState(name, KeyMap(), limits or RunLimits(), settings or DerivedSettings())
+    for values, step in records:
+        run.ingest(Record(values, "jsonl", step=step))
+    run.refresh()
+    return run
 
 
 def exporter_cmd(*args: str) -> list[str]:

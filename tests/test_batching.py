@@ -10,24 +10,15 @@ import random
 
 import numpy as np
 import pytest
-from conftest import trainer_state
+from conftest import ingested, trainer_state_values
 
 import exporter.instruments.run as run_module
 from exporter.instruments.columns import Column
 from exporter.instruments.keymap import KeyMap
 from exporter.instruments.run import RunLimits, RunState
 from exporter.instruments.series import Series
-from exporter.instruments.settings import DerivedSettings, WindowSpec
 from exporter.parsers.chain import LineParserChain
 from exporter.parsers.record import Record
-
-
-def fixture_records(run: str) -> list[tuple[dict[str, float], int]]:
-    out = []
-    for e in trainer_state(run):
-        values = {k: float(v) for k, v in e.items() if k != "step" and isinstance(v, int | float)}
-        out.append((values, e["step"]))
-    return out
 
 
 def synthetic_records() -> list[tuple[dict[str, float], int]]:
@@ -97,7 +88,7 @@ def same(a, b) -> bool:
 
 @pytest.mark.parametrize("source", ["grpo", "grpo_saturated", "dpo", "sft", "synthetic"])
 def test_where_batches_are_cut_changes_nothing(source: str, monkeypatch) -> None:
-    records = synthetic_records() if source == "synthetic" else fixture_records(source)
+    records = synthetic_records() if source == "synthetic" else trainer_state_values(source)
     one_at_a_time = state_of(run_in_batches(records, 1, None, monkeypatch))
     assert one_at_a_time["series"] and one_at_a_time["gauges"]
     for batch, scrape_every in [(1024, None), (7, None), (64, 13), (1024, 1)]:
@@ -147,37 +138,18 @@ def test_series_same_step_again_replaces_and_cut_back_forgets() -> None:
     assert s.history == [] and s.last_step == -1 and math.isnan(s.last_value)
 
 
-def loss_shifts(values) -> int:
-    run = RunState("s", KeyMap())
-    for step, v in enumerate(values, start=1):
-        run.ingest(Record({"loss": float(v)}, "jsonl", step=step))
-    run.refresh()
-    return run.derived.loss_discontinuities
-
-
-def test_level_shift_needs_to_stand_out_of_the_series_own_swings() -> None:
-    """002's "suddenly doubled or halved", on a pg loss whose magnitude swings from step to step
-    the way GRPO's does (lognormal: a factor of 3 either way is ordinary): its swings are not shifts,
-    a real quadrupling of its level is one."""
-    swings = np.exp(np.random.default_rng(12).normal(np.log(0.02), 1.0, 400))
-    assert loss_shifts(swings) <= 2  # 400 steps of ordinary swings
-    before = loss_shifts(swings[:200])
-    assert loss_shifts(np.concatenate([swings[:200], 4 * swings[200:260]])) == before + 1
-
-
 # Edge cases where applying a whole batch at once could read the wrong points (found in review).
 
 def length_run(lengths, steps=None, terminated=None, history_limit=2048, batch=1024, monkeypatch=None) -> RunState:
     if monkeypatch is not None:
         monkeypatch.setattr(run_module, "BATCH_RECORDS", batch)
-    run = RunState("l", KeyMap(), RunLimits(history_limit=history_limit))
+    records = []
     for i, v in enumerate(lengths):
         values = {"completions/mean_length": float(v)}
         if terminated is not None:
             values["completions/mean_terminated_length"] = float(terminated)
-        run.ingest(Record(values, "jsonl", step=steps[i] if steps else i + 1))
-    run.refresh()
-    return run
+        records.append((values, steps[i] if steps else i + 1))
+    return ingested(records, "l", limits=RunLimits(history_limit=history_limit))
 
 
 def test_truncation_gap_does_not_wait_for_the_length_baseline() -> None:
@@ -208,19 +180,6 @@ def test_length_baseline_takes_the_later_value_of_a_step_logged_twice_before_it(
     steps = [1, 2, 3, 4, 5, 5, 6, 7, 8, 9, 10, 11]
     run = length_run([100, 100, 100, 100, 100, 200, 100, 100, 100, 100, 100, 100], steps=steps)
     assert run.derived.gauges[("posttrain_completion_length_baseline", ())] == (9 * 100 + 200) / 10
-
-
-@pytest.mark.parametrize(("size", "min_points"), [(10, 10), (1, 1), (15, 10)])
-def test_loss_window_shorter_than_twice_min_points_has_no_level_shift_and_no_crash(size, min_points) -> None:
-    """A level shift compares the last min_points losses with at least as many before them: a loss window
-    with room for fewer never judges one (and a window of exactly min_points must not crash)."""
-    spec = WindowSpec(size=size, min_points=min_points)
-    run = RunState("w", KeyMap(), settings=DerivedSettings(per_instrument={"loss": spec}))
-    swings = np.exp(np.random.default_rng(13).normal(np.log(0.02), 1.0, 300))
-    for step, v in enumerate([*swings, *(4 * swings[:60])], start=1):
-        run.ingest(Record({"loss": float(v)}, "jsonl", step=step))
-    run.refresh()
-    assert run.derived.loss_discontinuities == 0 and len(run.series["loss", None]) == min(360, 2048)
 
 
 def test_a_key_printed_twice_keeps_its_last_value_as_a_dict_does() -> None:

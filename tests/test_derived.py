@@ -7,12 +7,12 @@ import math
 
 import numpy as np
 import pytest
-from conftest import trainer_state
+from conftest import ingested, trainer_state, trainer_state_values
 
 from exporter.config import parse_config
 from exporter.instruments.keymap import KeyMap
 from exporter.instruments.run import RunState
-from exporter.instruments.settings import DerivedSettings
+from exporter.instruments.settings import DerivedSettings, WindowSpec
 from exporter.parsers.record import Record
 
 W, MIN = 50, 10
@@ -20,14 +20,8 @@ W, MIN = 50, 10
 
 def feed(run_name: str, upto: int | None = None, settings: DerivedSettings | None = None) -> RunState:
     """Every trainer_state entry (full precision, with its step) through a RunState."""
-    run = RunState(run_name, KeyMap(), settings=settings or DerivedSettings())
-    for e in trainer_state(run_name):
-        if upto is not None and e["step"] > upto:
-            break
-        values = {k: float(v) for k, v in e.items() if k != "step" and isinstance(v, int | float)}
-        run.ingest(Record(values, "trainer_state", step=e["step"]))
-    run.refresh()
-    return run
+    entries = [(v, s) for v, s in trainer_state_values(run_name) if upto is None or s <= upto]
+    return ingested(entries, run_name, settings)
 
 
 def logged(run_name: str, key: str, upto: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -147,11 +141,8 @@ def test_clip_asymmetry_and_length_baseline_on_grpo() -> None:
 
 
 def curve_run(kl, reward, settings=None) -> RunState:
-    run = RunState("c", KeyMap(), settings=settings or DerivedSettings())
-    for step, (k, r) in enumerate(zip(kl, reward, strict=True), start=1):
-        run.ingest(Record({"kl": k, "reward": r}, "jsonl", step=step))
-    run.refresh()
-    return run
+    steps = enumerate(zip(kl, reward, strict=True), start=1)
+    return ingested((({"kl": k, "reward": r}, step) for step, (k, r) in steps), "c", settings)
 
 
 def noisy(trend: float, n: int = 50, seed: int = 0, level: float = 1.0, noise: float = 0.02) -> list[float]:
@@ -188,12 +179,8 @@ def test_noise_alone_is_flat() -> None:
     assert gauge(run, "posttrain_trend_direction", instrument="kl") == 0
 
 
-def loss_run(values) -> RunState:
-    run = RunState("l", KeyMap())
-    for step, v in enumerate(values, start=1):
-        run.ingest(Record({"loss": float(v)}, "jsonl", step=step))
-    run.refresh()
-    return run
+def loss_run(values, settings: DerivedSettings | None = None) -> RunState:
+    return ingested((({"loss": float(v)}, step) for step, v in enumerate(values, start=1)), "l", settings)
 
 
 def test_pg_loss_healthy_decline() -> None:
@@ -220,6 +207,30 @@ def test_pg_loss_discontinuity(factor: float) -> None:
     assert run.derived.loss_discontinuities == 1
     ratio = gauge(run, "posttrain_loss_magnitude_ratio")
     assert (ratio > 2) if factor > 1 else (ratio < 0.5)
+
+
+def loss_shifts(values) -> int:
+    return loss_run(values).derived.loss_discontinuities
+
+
+def test_level_shift_needs_to_stand_out_of_the_series_own_swings() -> None:
+    """002's "suddenly doubled or halved", on a pg loss whose magnitude swings from step to step
+    the way GRPO's does (lognormal: a factor of 3 either way is ordinary): its swings are not shifts,
+    a real quadrupling of its level is one."""
+    swings = np.exp(np.random.default_rng(12).normal(np.log(0.02), 1.0, 400))
+    assert loss_shifts(swings) <= 2  # 400 steps of ordinary swings
+    before = loss_shifts(swings[:200])
+    assert loss_shifts(np.concatenate([swings[:200], 4 * swings[200:260]])) == before + 1
+
+
+@pytest.mark.parametrize(("size", "min_points"), [(10, 10), (1, 1), (15, 10)])
+def test_loss_window_shorter_than_twice_min_points_has_no_level_shift_and_no_crash(size, min_points) -> None:
+    """A level shift compares the last min_points losses with at least as many before them: a loss window
+    with room for fewer never judges one (and a window of exactly min_points must not crash)."""
+    spec = WindowSpec(size=size, min_points=min_points)
+    swings = np.exp(np.random.default_rng(13).normal(np.log(0.02), 1.0, 300))
+    run = loss_run([*swings, *(4 * swings[:60])], DerivedSettings(per_instrument={"loss": spec}))
+    assert run.derived.loss_discontinuities == 0 and len(run.series["loss", None]) == min(360, 2048)
 
 
 def test_reward_peak_drawdown_and_plateau() -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from exporter.parsers.record import Record, RecordKind, classify
+from exporter.parsers.record import Record, RecordKind
 
 SeriesKey = tuple[str, str | None]  # (instrument, sub-label value)
 Shape = tuple[str, ...]
@@ -50,11 +50,13 @@ class Column:
         v = self.finite_values()
         return float(v[-1]) if len(v) else None
 
-    def dense(self, nrows: int) -> np.ndarray:
-        """Values spread over every record of the batch; NaN where this series is missing or not finite."""
-        out = np.full(nrows, np.nan)
-        out[self.rows[self.finite]] = self.values[self.finite]
-        return out
+    def paired_with(self, other: Column, nrows: int) -> tuple[np.ndarray, np.ndarray]:
+        """This series' and another's values in the records that logged both, finite, in record order."""
+        a, b = np.full(nrows, np.nan), np.full(nrows, np.nan)
+        a[self.rows[self.finite]] = self.values[self.finite]
+        b[other.rows[other.finite]] = other.values[other.finite]
+        both = np.isfinite(a) & np.isfinite(b)
+        return a[both], b[both]
 
 
 def rows_by_shape(records: Sequence[Record]) -> dict[Shape, list[int]]:
@@ -75,7 +77,7 @@ def batch_columns(records: Sequence[Record], shapes: dict[Shape, list[int]],
     parts: dict[SeriesKey, list[tuple[np.ndarray, np.ndarray]]] = {}
     for shape, rows in shapes.items():
         plan = plan_of(shape)
-        if not plan.series or classify(shape) is not RecordKind.TRAIN:
+        if not plan.series or records[rows[0]].kind is not RecordKind.TRAIN:
             continue
         table = np.array([records[i].numbers for i in rows], dtype=np.float64)
         rows_a = np.array(rows, dtype=np.int64)

@@ -127,7 +127,7 @@ class DerivedState:
             self._set("posttrain_reward_std_headroom", (), v / self._t.reward_std_min)
         low, high = get(("clip_ratio", "low")), get(("clip_ratio", "high"))
         if low is not None and high is not None:
-            self._clipping(low.dense(nrows), high.dense(nrows))
+            self._clipping(*low.paired_with(high, nrows))
         if (c := get(("policy_ratio", None))) is not None and (v := c.last_finite()) is not None:
             self._set("posttrain_policy_ratio_distance", (), abs(v - 1.0))
         if (c := get(("completion_length", "mean"))) is not None:
@@ -139,10 +139,9 @@ class DerivedState:
         gen, total = get(("generation_time", None)), get(("step_time", None))
         if gen is not None and total is not None:
             # 002: "if the generation phase is taking a disproportionate share of step time ..."
-            g, t = gen.dense(nrows), total.dense(nrows)
-            both = np.isfinite(g) & np.isfinite(t) & (t != 0)
-            if both.any():
-                stream, start = self._generation_tail.extend(g[both] / t[both])
+            g, t = gen.paired_with(total, nrows)
+            if (t != 0).any():
+                stream, start = self._generation_tail.extend(g[t != 0] / t[t != 0])
                 means, _ = rolling_mean(stream, start, self._spec("generation_time").size)
                 self._set("posttrain_generation_time_ratio", (), float(means[-1]))
 
@@ -152,10 +151,9 @@ class DerivedState:
             self.breaches[(*labels_of(inst, sub), ("level", level))] += n  # present at 0 once seen
 
     def _clipping(self, low: np.ndarray, high: np.ndarray) -> None:
-        both = np.isfinite(low) & np.isfinite(high)  # both logged, finite, in the same record
-        if not both.any():
+        """Both bounds of the records that logged both."""
+        if not len(low):
             return
-        low, high = low[both], high[both]
         total = low + high
         self._set("posttrain_clip_combined", (), float(total[-1]))
         self._breaches("clip_total", None, total)
@@ -179,10 +177,9 @@ class DerivedState:
                 self._set("posttrain_completion_length_baseline_ratio", (), float(ratios[-1]))
                 self._breaches("completion_length_ratio", None, ratios)
         if terminated is not None:
-            gap = mean.dense(nrows) - terminated.dense(nrows)
-            gap = gap[np.isfinite(gap)]
-            if len(gap):
-                self._set("posttrain_completion_length_truncation_gap", (), float(gap[-1]))
+            m, t = mean.paired_with(terminated, nrows)
+            if len(m):
+                self._set("posttrain_completion_length_truncation_gap", (), float(m[-1] - t[-1]))
 
     def _first_lengths(self, steps: np.ndarray, values: np.ndarray, points: int) -> int | None:
         """Collect the first `points` steps' lengths (a step logged again keeps its later value, as the

@@ -34,26 +34,24 @@ class Record:
 
     def __init__(self, values: dict[str, float], fmt: str, step: int | None = None,
                  skipped: dict[str, int] | None = None) -> None:
-        self._init(tuple(values), list(values.values()), fmt, step, skipped or {})
-        self._values: dict[str, float] | None = values
+        self._fill(tuple(values), list(values.values()), fmt, step, skipped or _NO_SKIPS, values)
 
     @classmethod
     def of(cls, shape: tuple[str, ...], numbers: list[float], fmt: str, step: int | None = None) -> Record:
         """The hot parser's constructor: no dict is built."""
         rec = cls.__new__(cls)
-        rec.shape, rec.numbers, rec.fmt, rec.step, rec.skipped = shape, numbers, fmt, step, _NO_SKIPS
-        rec.kind = classify(shape)
-        rec._values = None
+        rec._fill(shape, numbers, fmt, step, _NO_SKIPS, None)
         return rec
 
-    def _init(self, shape: tuple[str, ...], numbers: list[float], fmt: str, step: int | None,
-              skipped: dict[str, int]) -> None:
+    def _fill(self, shape: tuple[str, ...], numbers: list[float], fmt: str, step: int | None,
+              skipped: dict[str, int], values: dict[str, float] | None) -> None:
         self.shape = shape
         self.numbers = numbers
         self.fmt = fmt
         self.step = step  # the record's own step, when the format carries one
-        self.skipped = skipped  # reason -> count of values not exported
+        self.skipped = skipped  # reason -> count of values not exported (never written after this)
         self.kind = classify(shape)
+        self._values = values
 
     @property
     def values(self) -> dict[str, float]:
