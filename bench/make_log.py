@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_SOURCE = Path("/work/shared/fixtures/trl/grpo/combined_unbuffered.log")
+DEFAULT_SOURCE = Path(__file__).resolve().parents[1] / "tests/fixtures/trl/grpo/combined_unbuffered.log"
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "trl_big.log"
 DEFAULT_SIZE_MB = 200.0
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gen_dashboards  # noqa: E402
 from loopback import Processes, free_port, http_ready  # noqa: E402
 
-FIXTURES = Path(os.environ.get("POSTTRAIN_FIXTURES", REPO.parent / "shared" / "fixtures")) / "trl"
+FIXTURES = Path(os.environ.get("POSTTRAIN_FIXTURES", REPO / "tests" / "fixtures")) / "trl"
 BOARD_FOR = {"grpo": "grpo", "grpo_saturated": "grpo", "dpo": "dpo", "sft": "sft", "ppo": "ppo"}
 _RECORD_START = re.compile(r"(?<=[\r\n])(?=\{')")
 

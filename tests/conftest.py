@@ -1,4 +1,4 @@
-"""Shared test fixtures: the real TRL logs in ../shared/fixtures and the external binaries.
+"""Shared test fixtures: the real TRL logs in tests/fixtures and the external binaries.
 
 In CI (CI=true) a missing fixture folder or binary is an error, never a silent skip."""
 
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 from loopback import free_port as free_port  # noqa: E402  (re-exported; shared with scripts/preview_dashboards.py)
 
-FIXTURES = Path(os.environ.get("POSTTRAIN_FIXTURES", REPO.parent / "shared" / "fixtures"))
+FIXTURES = Path(os.environ.get("POSTTRAIN_FIXTURES", REPO / "tests" / "fixtures"))
 TRL = FIXTURES / "trl"
 TRL_RUNS = ["sft", "sft_notqdm", "dpo", "grpo", "grpo_saturated"]
 CAPTURES = ["stdout.log", "combined.log", "combined_unbuffered.log", "tty.log"]

@@ -1,0 +1,119 @@
+"""Where a pathology begins in a real run: the labelling rules of the detection corpus.
+
+Written before any detector was tuned against the corpus, and never changed to suit a detector: the
+detectors are judged by how many logged steps after these onsets their first alert comes, and by the
+alerts they raise on runs where no rule finds an onset (healthy runs). The rules read the trainer's own
+record of the run, `trainer_state.json` (full precision, the trainer's own steps), not the exporter.
+
+A rule is a condition on one logged value (and, for some, on the run's own start), and an onset is the
+first logged step where the condition holds and keeps holding: at that step and at no fewer than 80%
+of the `span` logged points that begin there (fewer points only where the run ends; at least 5). That
+is what "the first logged step at which the pathology is visible" means here: a single excursion is
+not an onset, a sustained state is, and it is dated from its first step, not from when it became
+certain. Thresholds are the seeds' numbers wherever the seeds state one:
+
+- kl_blowup: kl > 1.0, span 10 (Part II: "KL > 1.0 is a stop sign").
+- reward_std_collapse: reward_std < 0.05, span 20 (Part III: "alert below 0.05").
+- length_hacking: completions/mean_length > 1.3 x its baseline, span 10 (Part II: "> 30% change in
+  mean deserves investigation").
+- truncation: completions/clipped_ratio > 0.2, span 10 (Part II: "high clipped ratio (> 20%)").
+- entropy_collapse: entropy < 0.5 x its baseline, span 10, in runs that log a reward (Part III:
+  "entropy declining too fast"; no absolute level, tasks differ).
+- dpo_displacement: rewards/chosen < -0.5 while rewards/margins > 0, span 10 (Part II: the chosen
+  reward should rise; here the margin grows by pushing both answers down).
+
+baseline = the median of the key's first 10 logged values. Entropy collapse is judged only in runs
+that sample completions and score them (they log `reward`: GRPO, RLOO, PPO): an SFT or DPO model's
+entropy falls as it fits its data, which is the point of those trainings, not a pathology.
+reward_std spans 20 points: with a few groups per batch a healthy run logs 0 on many single steps.
+dpo_displacement's -0.5 is in reward units (beta x log-prob change): at TRL's default beta = 0.1 the
+chosen answer has lost 5 nats against the reference while the margin still says the run is learning.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+Points = list[tuple[int, float]]
+
+FRACTION = 0.8  # share of the span's points at which the condition must hold
+MIN_POINTS = 5  # a span cut short by the run's end still needs this many points
+BASELINE_POINTS = 10
+
+
+@dataclass(frozen=True)
+class LabelRule:
+    pathology: str
+    keys: tuple[str, ...]  # the trainer keys the condition reads; the first one dates the points
+    condition: Callable[[dict[str, float], dict[str, float]], bool]  # (values at the step, baselines)
+    span: int
+    description: str
+    needs: str | None = None  # a key the run must log for the rule to apply at all
+
+
+RULES: tuple[LabelRule, ...] = (
+    LabelRule("kl_blowup", ("kl",), lambda v, b: v["kl"] > 1.0, 10, "kl > 1.0"),
+    LabelRule("reward_std_collapse", ("reward_std",), lambda v, b: v["reward_std"] < 0.05, 20, "reward_std < 0.05"),
+    LabelRule("length_hacking", ("completions/mean_length",),
+              lambda v, b: v["completions/mean_length"] > 1.3 * b["completions/mean_length"], 10,
+              "completions/mean_length > 1.3 x its baseline"),
+    LabelRule("truncation", ("completions/clipped_ratio",), lambda v, b: v["completions/clipped_ratio"] > 0.2, 10,
+              "completions/clipped_ratio > 0.2"),
+    LabelRule("entropy_collapse", ("entropy",), lambda v, b: v["entropy"] < 0.5 * b["entropy"], 10,
+              "entropy < 0.5 x its baseline, in runs that sample and score completions", needs="reward"),
+    LabelRule("dpo_displacement", ("rewards/chosen", "rewards/margins"),
+              lambda v, b: v["rewards/chosen"] < -0.5 and v["rewards/margins"] > 0, 10,
+              "rewards/chosen < -0.5 and rewards/margins > 0"),
+)
+
+
+def training_records(log_history: list[dict]) -> list[dict]:
+    """The training records of a trainer_state log_history: not evaluation, not the end-of-run summary."""
+    return [e for e in log_history
+            if "step" in e and not any(k.startswith("eval_") for k in e) and "train_runtime" not in e]
+
+
+def load_records(trainer_state: Path) -> list[dict]:
+    return training_records(json.loads(trainer_state.read_text())["log_history"])
+
+
+def _points(records: list[dict], keys: tuple[str, ...]) -> list[tuple[int, dict[str, float]]]:
+    """Logged steps at which every key of the rule was logged, with those values; a step logged twice
+    (a resumed run) keeps its later value."""
+    by_step: dict[int, dict[str, float]] = {}
+    for e in records:
+        if all(isinstance(e.get(k), int | float) for k in keys):
+            by_step[int(e["step"])] = {k: float(e[k]) for k in keys}
+    return sorted(by_step.items())
+
+
+def onset(rule: LabelRule, records: list[dict]) -> int | None:
+    """The first logged step where the rule's condition holds and keeps holding, or None."""
+    if rule.needs is not None and not any(rule.needs in e for e in records):
+        return None
+    pts = _points(records, rule.keys)
+    if len(pts) < BASELINE_POINTS + MIN_POINTS:
+        return None
+    base = {k: statistics.median(v[k] for _, v in pts[:BASELINE_POINTS]) for k in rule.keys}
+    held = [rule.condition(v, base) for _, v in pts]
+    for i, (step, _) in enumerate(pts):
+        if not held[i]:
+            continue
+        window = held[i : i + rule.span]
+        if len(window) >= MIN_POINTS and sum(window) >= FRACTION * len(window):
+            return step
+    return None
+
+
+def onsets(records: list[dict]) -> dict[str, int]:
+    """Every pathology whose rule finds an onset in the run, with its onset step."""
+    out = {}
+    for rule in RULES:
+        step = onset(rule, records)
+        if step is not None:
+            out[rule.pathology] = step
+    return out
