@@ -11,8 +11,9 @@ from typing import Any
 
 import yaml
 
+from exporter.detectors.catalog import BY_NAME as DETECTORS
 from exporter.instruments.keymap import INSTRUMENTS
-from exporter.instruments.settings import THRESHOLD_NAMES, DerivedSettings, Thresholds, WindowSpec
+from exporter.instruments.settings import THRESHOLD_NAMES, DerivedSettings, DetectorSettings, Thresholds, WindowSpec
 from exporter.parsers.chain import BUILTIN_FORMATS, FILE_FORMATS
 from exporter.parsers.userregex import RegexFormat
 
@@ -95,7 +96,10 @@ def _number(raw: dict, key: str, default: float, *, integer: bool = False, minim
 
 
 KNOWN_KEYS = {"run", "listen_address", "poll_interval_seconds", "logs", "formats", "aliases", "limits", "windows",
-              "thresholds", "baselines", "gpu"}
+              "thresholds", "baselines", "detectors", "gpu"}
+# Inputs whose baseline can be given instead of measured: instruments, and `<instrument>_<sub>` for a family.
+BASELINE_INPUTS = {"completion_length", "completion_length_std", "entropy", "reward_std", "grad_norm", "clip_total",
+                   "kl", "reward", "loss"}
 
 
 def parse_config(raw: Any) -> Config:
@@ -169,12 +173,33 @@ def _derived(raw: dict) -> DerivedSettings:
         values[name] = float(v)
     thresholds = Thresholds(**values)
     _expect(thresholds.kl_warning <= thresholds.kl_critical, "thresholds.kl_warning", "must not exceed kl_critical")
-    base = _section(raw, "baselines", {"completion_length", "points"})
-    length = None
-    if "completion_length" in base:
-        length = _number(base, "completion_length", 0.0, section="baselines")
+    base = _section(raw, "baselines", BASELINE_INPUTS | {"points"})
+    given = {k: float(_number(base, k, 0.0, section="baselines")) for k in base if k != "points"}
     points = _number(base, "points", 10, integer=True, section="baselines")
-    return DerivedSettings(default, per_instrument, thresholds, length, points)
+    return DerivedSettings(default, per_instrument, thresholds, given, points, _detectors(raw))
+
+
+def _detectors(raw: dict) -> DetectorSettings:
+    """detectors: {clear_steps, clear_margin, <detector>: {steps, clear_steps, enabled}}"""
+    sec = _section(raw, "detectors", set(DETECTORS) | {"clear_steps", "clear_margin"})
+    clear_steps = _number(sec, "clear_steps", 3, integer=True, section="detectors")
+    margin = sec.get("clear_margin", 0.2)
+    _expect(isinstance(margin, int | float) and not isinstance(margin, bool) and 0 <= margin < 1,
+            "detectors.clear_margin", f"must be a number in [0, 1), got {margin!r}")
+    steps, clear, disabled = {}, {}, set()
+    for name in set(sec) & set(DETECTORS):
+        where = f"detectors.{name}"
+        d = _section(sec, name, {"steps", "clear_steps", "enabled"}) if isinstance(sec[name], dict) else None
+        _expect(d is not None, where, "must be a mapping of steps, clear_steps, enabled")
+        if "steps" in d:
+            steps[name] = _number(d, "steps", 1, integer=True, section=where)
+        if "clear_steps" in d:
+            clear[name] = _number(d, "clear_steps", 1, integer=True, section=where)
+        enabled = d.get("enabled", True)
+        _expect(isinstance(enabled, bool), f"{where}.enabled", f"must be true or false, got {enabled!r}")
+        if not enabled:
+            disabled.add(name)
+    return DetectorSettings(steps, clear, clear_steps, float(margin), frozenset(disabled))
 
 
 def _formats(raw: Any) -> list[RegexFormat]:

@@ -8,6 +8,7 @@ from collections import defaultdict
 
 from exporter.app import Exporter
 from exporter.config import Config
+from exporter.detectors.catalog import DETECTORS
 from exporter.exposition.collector import ExporterCollector
 from exporter.instruments.derived import DERIVED_HELP, DERIVED_SEED
 from exporter.instruments.keymap import INSTRUMENTS, KEY_RULES
@@ -69,6 +70,16 @@ def render() -> str:
     lines.append("| --- | --- | --- |")
     for metric, doc in DERIVED_HELP.items():
         lines.append(f"| `{metric}` | {DERIVED_SEED[metric]} | {doc} |")
+    lines.append("")
+    lines.append("## Detectors\n")
+    lines.append("Judgments made by the exporter at every logged step and exported as `posttrain_detector_*"
+                 "{detector}` (active, held steps, required steps, onsets, spikes, value, limit, since step); each "
+                 "is reported by one alert of rules/posttrain.alerts.yml. `steps`: logged steps the condition must "
+                 "hold (config `detectors.<name>.steps`). The rules behind them: [derived.md](derived.md#detectors).\n")
+    lines.append("| detector | alert | severity | judged | steps | serves |")
+    lines.append("| --- | --- | --- | --- | --- | --- |")
+    for d in DETECTORS:
+        lines.append(f"| `{d.name}` | {d.alert} | {d.severity} | {d.help} | {d.required} | {d.seed} |")
     lines.append("")
     lines.append("## GPU (NVML)\n")
     lines.append("The `posttrain_gpu_*` families (utilization, memory, power, temperature, clocks, energy, throttle "

@@ -1,22 +1,23 @@
-"""The alerting rules (rules/), their promtool unit tests (tests/rules/), their conventions and runbooks,
-the Alertmanager example (docs/alertmanager.example.yml), and the rules against real TRL runs.
+"""The alerting rules (rules/, generated from the detector table), their promtool unit tests (tests/rules/ and
+one firing and one quiet case per detector alert built here), their conventions and runbooks, and the
+Alertmanager example (docs/alertmanager.example.yml). The rules on real runs: tests/test_detection.py.
 
 No Prometheus rules linter can be installed here (pint is not on PyPI or in Debian; PyPI's `pint` is a
 units library), so the conventions of the monitoring mixins are checked below, rule by rule."""
 
 from __future__ import annotations
 
-import math
 import re
 import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, TRL, require_binary, run_cli
-from prometheus_client.parser import text_string_to_metric_families
+from conftest import REPO, require_binary
 
+from exporter.detectors.catalog import BY_NAME, DETECTORS
 from exporter.instruments.derived import threshold_series
 from exporter.instruments.keymap import INSTRUMENTS
 from exporter.instruments.settings import Thresholds
@@ -30,9 +31,8 @@ RUNBOOK_BASE = "https://github.com/posttrain-exporter/posttrain-exporter/blob/ma
 
 # Families of the GPU sampler (NVML), being added beside this work; the rules use them already.
 GPU_METRICS = {"posttrain_gpu_nvml_up", "posttrain_gpu_memory_used_bytes", "posttrain_gpu_memory_total_bytes"}
-# Alerts whose value is a 0/1 state or a count of events: their descriptions give the numbers by query.
-VALUE_IS_A_FLAG = {"PostTrainDestructiveRegime", "PostTrainDriftingWithoutGain", "PostTrainLossSignFlip",
-                   "PostTrainLossDiscontinuity"}
+GPU_METRICS |= {"posttrain_gpu_expected"}
+DETECTOR_ALERTS = {d.alert: d for d in DETECTORS}
 # Groups whose alerts judge a run's training: their descriptions name the run and its step.
 TRAINING_GROUPS = {"posttrain.pages", "posttrain.warnings"}
 SUB_LABELS = {"bound", "stat", "kind", "component"}
@@ -64,7 +64,60 @@ def _promtool(*args: str) -> subprocess.CompletedProcess:
 def test_promtool_check_rules() -> None:
     r = _promtool("check", "rules", *map(str, RULES))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert len(ALERTS) >= 30
+    assert set(DETECTOR_ALERTS) <= set(ALERT_NAMES) and len(ALERT_NAMES) == len(DETECTORS) + 5
+
+
+def test_generated_rules_are_up_to_date() -> None:
+    r = subprocess.run([sys.executable, "scripts/gen_rules.py", "--check"], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+
+
+def test_every_detector_alert_fires_on_its_detector_and_on_nothing_else(tmp_path: Path) -> None:
+    """Each detector alert, fed its own detector active at 2m: fires then with its labels, and is quiet before;
+    every other detector active at the same time raises only its own alert; a finished run raises nothing."""
+    inst = 'job="posttrain", instance="t:9847"'
+    series, cases = [], []
+    for i, d in enumerate(DETECTORS):
+        run = f"r{i}"
+        sub = ', component="c"' if isinstance(d.input, str) else ""
+        for name in BY_NAME:
+            if name == d.name:
+                active, onsets = "0 0 1 1 1", "0 0 1 1 1"
+            else:
+                active, onsets = "0x4", "0x4"
+            lab = f'detector="{name}", run="{run}", {inst}{sub}'
+            series.append({"series": f'posttrain_detector_active{{{lab}, severity="{BY_NAME[name].severity}"}}',
+                           "values": active})
+            series.append({"series": f"posttrain_detector_onsets_total{{{lab}}}", "values": onsets})
+        series.append({"series": f'posttrain_run_finished{{run="{run}", {inst}}}', "values": "0x4"})
+        labels = {"severity": d.severity, "instrument": d.instrument, "detector": d.name, "run": run,
+                  "job": "posttrain", "instance": "t:9847", **({"component": "c"} if sub else {})}
+        cases.append({"expr": f'ALERTS{{alertstate="firing", run="{run}"}}', "eval_time": "3m",
+                      "exp_samples": [{"labels": "{" + ", ".join(f'{k}="{v}"' for k, v in
+                                                                 {"__name__": "ALERTS", "alertname": d.alert,
+                                                                  "alertstate": "firing", **labels}.items()) + "}",
+                                       "value": 1}]})
+        cases.append({"expr": f'ALERTS{{run="{run}"}}', "eval_time": "1m", "exp_samples": []})
+    series.append({"series": f'posttrain_detector_active{{detector="kl_critical", severity="critical", run="done", '
+                             f'{inst}}}', "values": "1x4"})
+    series.append({"series": f'posttrain_detector_onsets_total{{detector="kl_critical", run="done", {inst}}}',
+                   "values": "0 1x3"})
+    series.append({"series": f'posttrain_run_finished{{run="done", {inst}}}', "values": "1x4"})
+    cases.append({"expr": 'ALERTS{run="done"}', "eval_time": "3m", "exp_samples": []})
+    path = tmp_path / "each.test.yml"
+    path.write_text(yaml.safe_dump({"rule_files": [str(p) for p in RULES], "evaluation_interval": "1m",
+                                    "tests": [{"interval": "1m", "input_series": series,
+                                               "promql_expr_test": cases}]}, sort_keys=False))
+    r = _promtool("test", "rules", str(path))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr
+
+
+def test_every_detector_has_a_distinct_alert_and_a_known_input() -> None:
+    assert len(DETECTOR_ALERTS) == len(DETECTORS)
+    for d in DETECTORS:
+        inst = d.input if isinstance(d.input, str) else d.input[0]
+        assert inst in INSTRUMENTS or inst in ("clip_total", "nonfinite"), d.name
+        assert d.severity in ("critical", "warning") and d.required >= 1
 
 
 @pytest.mark.parametrize("path", UNIT_TESTS, ids=lambda p: p.name)
@@ -74,8 +127,9 @@ def test_promtool_unit_tests(path: Path) -> None:
 
 
 def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
-    firing: set[str] = set()
-    quiet: set[str] = set()
+    """The exporter's own alerts in tests/rules/; the detector alerts here, each with its detector."""
+    firing: set[str] = set(DETECTOR_ALERTS)
+    quiet: set[str] = set(DETECTOR_ALERTS)
     for path in UNIT_TESTS:
         doc = yaml.safe_load(path.read_text())
         if len(doc["rule_files"]) > 1:
@@ -105,12 +159,17 @@ def test_alert_conventions(group: str, rule: dict) -> None:
     if group in TRAINING_GROUPS:
         assert "$labels.run" in ann["description"] and "posttrain_step" in ann["description"], \
             f"{name}: the description names the run and its step"
-        if name not in VALUE_IS_A_FLAG:
+        if name in DETECTOR_ALERTS:
+            assert "posttrain_detector_since_step" in ann["description"], f"{name}: the description says since when"
+        else:
             assert "$value" in ann["description"], f"{name}: the description gives the value"
     if group in TRAINING_GROUPS or "posttrain_exporter_" in rule["expr"]:
         assert "run" in ann["summary"], f"{name}: the summary names the run"
     if "for" in rule:
         assert re.fullmatch(r"\d+[smh]", rule["for"]), f"{name}: for"
+    if name in DETECTOR_ALERTS:  # persistence is counted in steps by the exporter: no wall-clock wait to fire
+        assert "for" not in rule and rule["keep_firing_for"] == "2m", name
+        assert f'detector="{DETECTOR_ALERTS[name].name}"' in rule["expr"], name
 
 
 def _strip_strings(expr: str) -> str:
@@ -161,6 +220,11 @@ def test_selectors_match_the_exporters_instruments_and_thresholds() -> None:
                         assert INSTRUMENTS[i].label == sub, f"{rule['alert']}: {i} has no {sub} label"
             elif metric == "posttrain_threshold_breaches_total":
                 assert inst in derived_instruments, f"{rule['alert']}: no breach counter for {inst}"
+            elif metric.startswith("posttrain_detector_"):
+                assert m.get("detector") in BY_NAME, f"{rule['alert']}: unknown detector {m.get('detector')}"
+        for text in rule["annotations"].values():  # thresholds quoted in the words exist
+            for inst_level in re.findall(r'posttrain_threshold\{instrument=\\"(\w+)\\",level=\\"(\w+)\\"', text):
+                assert inst_level in exported, f"{rule['alert']}: quotes {inst_level}, not exported"
 
 
 def test_every_alert_has_a_runbook_section_and_every_section_an_alert() -> None:
@@ -210,81 +274,3 @@ def test_alertmanager_example_inhibits_the_kl_warning_by_the_kl_page() -> None:
             by_instrument[rule["labels"]["instrument"]].add(rule["labels"]["severity"])
     assert by_instrument["kl"] == {"critical", "warning"}
     assert by_instrument["reward_std"] == {"critical", "warning"}
-
-
-# --- the rules against real TRL runs --------------------------------------------------------------------
-
-
-def _dump_series(lines: list[str], run: str, tmp: Path, minutes: int) -> list[dict]:
-    """The exporter's real exposition for a log made of `lines`, held for `minutes`, as promtool input."""
-    log = tmp / f"{run}.log"
-    log.write_text("\n".join(lines) + "\n")
-    r = run_cli("dump", str(log), "--run", run)
-    assert r.returncode == 0, r.stderr.decode()
-    series = []
-    for fam in text_string_to_metric_families(r.stdout.decode()):
-        for s in fam.samples:
-            labels = {**s.labels, "job": "posttrain", "instance": f"{run}:9847"}
-            sel = s.name + "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
-            if s.name == "posttrain_exporter_last_record_timestamp_seconds":
-                values = f"0+60x{minutes}"  # a live trainer: one record a minute
-            else:
-                v = s.value
-                text = "NaN" if math.isnan(v) else ("Inf" if v > 0 else "-Inf") if math.isinf(v) else repr(v)
-                values = f"{text}x{minutes}"
-            series.append({"series": sel, "values": values})
-    series.append({"series": f'up{{job="posttrain", instance="{run}:9847"}}', "values": f"1x{minutes}"})
-    return series
-
-
-def _stdout_records(run: str) -> list[str]:
-    return [ln for ln in (TRL / run / "stdout.log").read_text().splitlines() if ln.startswith("{'")]
-
-
-def test_rules_on_real_trl_runs(tmp_path: Path) -> None:
-    """Real exporter output of real TRL runs (tiny models), held for 20 minutes: which alerts fire.
-
-    - grpo, first 100 records: a healthy start (KL < 0.3): no page;
-    - grpo, first 150 records: KL reached 1.23 at steps 143-144: the KL page;
-    - grpo_saturated, its 300 training records (without the end-of-training summary, so the run is live):
-      reward std 0 from about step 60: the reward-std page; KL spiked to 2.6 at step 262: the KL page too;
-    - dpo and sft, all their training records: no page.
-    Warnings: most GRPO groups tie (frac_reward_zero_std > 0.5) on all three GRPO runs; their entropy
-    (about 0.6) is under the seeds' 1.0, which warns on the GRPO runs but not on DPO and SFT (no reward:
-    low entropy is a fitted model there).
-    """
-    grpo, saturated = _stdout_records("grpo"), _stdout_records("grpo_saturated")
-    training = {r: [ln for ln in _stdout_records(r) if "train_runtime" not in ln] for r in ("dpo", "sft")}
-    cases = {
-        "grpo-start": (grpo[:100], []),
-        "grpo-kl": (grpo[:150], ["PostTrainKLCritical"]),
-        "grpo-saturated": ([ln for ln in saturated if "train_runtime" not in ln],
-                           ["PostTrainKLCritical", "PostTrainRewardStdCollapsed"]),
-        "dpo": (training["dpo"], []),
-        "sft": (training["sft"], []),
-    }
-    grpo_runs = ("grpo-kl", "grpo-saturated", "grpo-start")
-    minutes = 20
-    at = f"{minutes - 1}m"
-    series, exprs = [], []
-    for run, (lines, pages) in cases.items():
-        series += _dump_series(lines, run, tmp_path, minutes)
-        exprs.append({
-            "expr": f'count by (alertname) (ALERTS{{alertstate="firing", severity="critical", run="{run}"}})',
-            "eval_time": at,
-            "exp_samples": [{"labels": f'{{alertname="{a}"}}', "value": 1} for a in pages],
-        })
-    for alert in ("PostTrainZeroStdGroups", "PostTrainEntropyCollapse"):
-        exprs.append({"expr": f'count by (run) (ALERTS{{alertstate="firing", alertname="{alert}"}})',
-                      "eval_time": at,
-                      "exp_samples": [{"labels": f'{{run="{run}"}}', "value": 1} for run in grpo_runs]})
-    test = {
-        "rule_files": [str(p) for p in RULES],
-        "evaluation_interval": "1m",
-        "group_eval_order": ["posttrain.recording", "posttrain.pages", "posttrain.warnings", "posttrain.exporter"],
-        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": exprs}],
-    }
-    path = tmp_path / "real.test.yml"
-    path.write_text(yaml.safe_dump(test, sort_keys=False))
-    r = _promtool("test", "rules", str(path))
-    assert r.returncode == 0, r.stdout + r.stderr

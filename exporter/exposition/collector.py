@@ -111,6 +111,49 @@ class ExporterCollector(Collector):
                 windows.add_metric([name, inst, "min_points"], spec.min_points)
         yield from families.values()
         yield from (breaches, nonfinite, flips, jumps, thresholds, windows)
+        yield from self._detectors()
+
+    def _detectors(self) -> Iterator[Metric]:
+        p = "posttrain_detector_"
+        active = _labelled_gauge(p + "active", "1 while a detector's condition has held for its required logged "
+                                 "steps (and has not failed for detectors.clear_steps since): what the alerts read.")
+        held = _labelled_gauge(p + "held_steps", "Consecutive logged steps the detector's condition has held.")
+        required = _labelled_gauge(p + "required_steps", "Logged steps the condition must hold to be active "
+                                   "(config detectors.<name>.steps).")
+        onsets = _labelled_counter(p + "onsets", "Times the detector became active: one that began and ended "
+                                   "between two scrapes still counts.")
+        spikes = _labelled_counter(p + "spikes", "Excursions of the logged value beyond the detector's limit "
+                                   "that lasted fewer steps than required: counted, never alerted on.")
+        since = _labelled_gauge(p + "since_step", "Logged step at which the condition that made the detector "
+                                "active began to hold.")
+        value = _labelled_gauge(p + "value", "The level the detector judged at its last logged step.")
+        limit = _labelled_gauge(p + "limit", "The limit that level was judged against (a threshold, or a "
+                                "multiple of the run's baseline).")
+        baseline = _labelled_gauge("posttrain_baseline", "The run's own start for an instrument: median of its "
+                                   "first baselines.points logged values, or the configured value.")
+        for name, run in self.exporter.runs.items():
+            for r in run.detectors.readings():
+                labels = {"run": name, "detector": r.detector.name}
+                if r.sub is not None:
+                    labels["component"] = r.sub
+                active.add_sample(active.name, {**labels, "severity": r.detector.severity}, float(r.state.active))
+                required.add_sample(required.name, labels, r.state.required)
+                onsets.add_sample(onsets.name + "_total", labels, r.state.onsets)
+                spikes.add_sample(spikes.name + "_total", labels, r.state.spikes)
+                if r.step < 0:  # no point judged yet
+                    continue
+                held.add_sample(held.name, labels, r.state.held)
+                value.add_sample(value.name, labels, r.value)
+                limit.add_sample(limit.name, labels, r.limit)
+                if r.state.since_step >= 0:
+                    since.add_sample(since.name, labels, r.state.since_step)
+            for (inst, sub), v in run.detectors.baselines():
+                labels = {"run": name, "instrument": inst}
+                sub_label = INSTRUMENTS[inst].label if inst in INSTRUMENTS else None
+                if sub_label:
+                    labels[sub_label] = sub or ""
+                baseline.add_sample(baseline.name, labels, v)
+        yield from (active, held, required, onsets, spikes, since, value, limit, baseline)
 
     def _health(self) -> Iterator[Metric]:
         ex = self.exporter

@@ -56,6 +56,11 @@ class GpuCollector(Collector):
                                "the last poll, 0 while it is unavailable (retried with backoff).")
         up.add_metric([], 1.0 if snap.nvml_up else 0.0)
         yield up
+        expected = GaugeMetricFamily("posttrain_gpu_expected", "1 when GPUs are assigned to the exporter (the config "
+                                     "or CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES name some or all), 0 on a pod "
+                                     "without GPUs, where NVML is absent by design.")
+        expected.add_metric([], 1.0 if snap.expected else 0.0)
+        yield expected
         if snap.visible_devices is not None:
             visible = GaugeMetricFamily("posttrain_gpu_visible_devices", "GPUs the sampler reads: the ones NVML "
                                         "lists, filtered by CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES.")

@@ -186,6 +186,7 @@ class GpuSnapshot:
     poll_seconds: float = 0.0  # wall time spent polling, cumulative
     cpu_seconds: float = 0.0  # CPU time of the polling thread spent polling, cumulative
     last_poll_timestamp: float | None = None  # Unix time
+    expected: bool = False  # GPUs are assigned to this process (visible devices named, not unset or none)
 
 
 @dataclass(frozen=True)
@@ -282,9 +283,15 @@ class GpuSampler:
         self._poll_seconds = 0.0
         self._cpu_seconds = 0.0
         self._lock = threading.Lock()
-        self._snapshot = GpuSnapshot(visible_devices=0 if self.visibility.none else None)
+        self._snapshot = GpuSnapshot(visible_devices=0 if self.visibility.none else None, expected=self.expected)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def expected(self) -> bool:
+        """GPUs were assigned: the config or CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES names some (or
+        all). A pod without GPUs has neither set (or `void`): NVML is absent there by design."""
+        return self.visibility.source != "default" and not self.visibility.none
 
     # -- public API --
 
@@ -331,7 +338,7 @@ class GpuSampler:
         self._cpu_seconds += time.thread_time() - c0
         visible = len(self._devices) if self._up else (0 if self.visibility.none else None)
         snap = GpuSnapshot(self._up, tuple(readings), visible, tuple(sorted(self._errors.items())), self._polls,
-                           self._poll_seconds, self._cpu_seconds, self._wall())
+                           self._poll_seconds, self._cpu_seconds, self._wall(), self.expected)
         with self._lock:
             self._snapshot = snap
         return snap

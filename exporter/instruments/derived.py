@@ -49,31 +49,48 @@ _BREACH_RULES: dict[str, list[tuple[str, str, str]]] = {
     "reward_component_std": [("min", "component_std_min", "below")],
     "clip_fraction": [("high", "clip_high", "above"), ("min", "clip_min", "below")],
     "policy_ratio": [("low", "policy_ratio_low", "below"), ("high", "policy_ratio_high", "above")],
-    "entropy": [("min", "entropy_min", "below")],
     "completion_truncated": [("max", "truncated_max", "above")],
     "clip_total": [("high", "clip_high", "above"), ("excessive", "clip_excessive", "above"),
                    ("min", "clip_min", "below")],
-    "completion_length_ratio": [("low", "length_ratio_low", "below"), ("high", "length_ratio_high", "above")],
+}
+
+# Every threshold as exported in posttrain_threshold{instrument, level}: the boards draw them and the alerts
+# quote them. (instrument, level) by the Thresholds field that holds the value.
+_THRESHOLD_SERIES: dict[str, tuple[str, str]] = {
+    "clip_asymmetry_min_total": ("clip_total", "asymmetry_min_total"),
+    "length_ratio_low": ("completion_length", "ratio_low"),
+    "length_ratio_high": ("completion_length", "ratio_high"),
+    "reward_std_drop": ("reward_std", "drop"),
+    "entropy_drop": ("entropy", "drop"),
+    "length_std_drop": ("completion_length_std", "drop"),
+    "clip_rise_factor": ("clip_total", "rise_factor"),
+    "grad_norm_spike_factor": ("grad_norm", "spike_factor"),
+    "dpo_chosen_min": ("dpo_reward", "chosen_min"),
+    "dpo_chosen_max": ("dpo_reward", "chosen_max"),
+    "dpo_margin_noise": ("dpo_reward", "margin_noise"),
+    "trend_t": ("trend", "t"),
+    "discontinuity_high": ("loss", "discontinuity_high"),
+    "discontinuity_low": ("loss", "discontinuity_low"),
+    "stall_seconds": ("record_age", "stall"),
+    "kl_near_zero": ("kl", "near_zero"),
+    "parse_error_ratio_max": ("parse_errors", "max_ratio"),
 }
 
 
 def threshold_series(t: Thresholds) -> dict[tuple[str, str], float]:
-    """(instrument, level) -> value, as exported in posttrain_threshold for per-run alert rules."""
+    """(instrument, level) -> value, as exported in posttrain_threshold for the boards and alert texts."""
     out = {(inst, level): getattr(t, name) for inst, rules in _BREACH_RULES.items() for level, name, _ in rules}
-    out["clip_total", "asymmetry_min_total"] = t.clip_asymmetry_min_total
-    out["trend", "t"] = t.trend_t
-    out["loss", "discontinuity_high"] = t.discontinuity_high
-    out["loss", "discontinuity_low"] = t.discontinuity_low
-    for inst, level, value in (("record_age", "stall", t.stall_seconds),
-                               ("reward_zero_std", "max", t.zero_std_groups_max),
-                               ("kl", "near_zero", t.kl_near_zero),
-                               ("clip_asymmetry", "max", t.clip_asymmetry_max),
-                               ("entropy", "fast_decline", t.entropy_fast_decline),
-                               ("completion_length_std", "min", t.length_std_min),
-                               ("grad_norm", "spike_factor", t.grad_norm_spike_factor),
-                               ("parse_errors", "max_ratio", t.parse_error_ratio_max)):
-        out[inst, level] = value
+    out.update({series: getattr(t, name) for name, series in _THRESHOLD_SERIES.items()})
     return out
+
+
+def threshold_key(name: str) -> tuple[str, str]:
+    """The (instrument, level) under which a Thresholds field is exported in posttrain_threshold."""
+    for inst, rules in _BREACH_RULES.items():
+        for level, field_name, _ in rules:
+            if field_name == name:
+                return inst, level
+    return _THRESHOLD_SERIES[name]
 
 
 def labels_of(instrument: str, sub: tuple[str, str] | None) -> Labels:
@@ -89,9 +106,6 @@ class DerivedState:
         self.loss_sign_flips = 0
         self.loss_discontinuities = 0
         self._dirty: set[SeriesKey] = set()
-        self._length_baseline = settings.length_baseline
-        self._length_tail = StreamTail(self._spec("completion_length").size)
-        self._length_first: list[tuple[int, float]] = []  # (step, length) until the baseline exists
         self._generation_tail = StreamTail(self._spec("generation_time").size)
         self._reward_tail = StreamTail(self._spec("reward").min_points)
         self._peak, self._peak_step = -math.inf, -1
@@ -163,37 +177,10 @@ class DerivedState:
             self.gauges.pop(("posttrain_clip_asymmetry", ()), None)  # undefined without clipping
 
     def _length(self, mean: Column, terminated: Column | None, nrows: int) -> None:
-        values = mean.finite_values()
-        if len(values):
-            size, points = self._spec("completion_length").size, self.settings.baseline_points
-            stream, start = self._length_tail.extend(values)
-            means, _ = rolling_mean(stream, start, size)
-            if self._length_baseline is None:  # the mean of the first `points` steps' lengths
-                done = self._first_lengths(mean.finite_steps(), values, points)
-                means = means[done:] if done is not None else means[:0]
-            if self._length_baseline and len(means):
-                ratios = means / self._length_baseline
-                self._set("posttrain_completion_length_baseline", (), self._length_baseline)
-                self._set("posttrain_completion_length_baseline_ratio", (), float(ratios[-1]))
-                self._breaches("completion_length_ratio", None, ratios)
         if terminated is not None:
             m, t = mean.paired_with(terminated, nrows)
             if len(m):
                 self._set("posttrain_completion_length_truncation_gap", (), float(m[-1] - t[-1]))
-
-    def _first_lengths(self, steps: np.ndarray, values: np.ndarray, points: int) -> int | None:
-        """Collect the first `points` steps' lengths (a step logged again keeps its later value, as the
-        history does); at the record that completes them the baseline exists: its index, else None."""
-        first = self._length_first
-        for i, (step, value) in enumerate(zip(steps.tolist(), values.tolist(), strict=True)):
-            if first and first[-1][0] == step:
-                first[-1] = (step, value)
-            else:
-                first.append((step, value))
-            if len(first) == points:
-                self._length_baseline = sum(v for _, v in first) / points
-                return i
-        return None
 
     def _reward(self, values: np.ndarray, steps: np.ndarray) -> None:
         k = self._spec("reward").min_points
@@ -252,8 +239,9 @@ class DerivedState:
 
     # --- on read --------------------------------------------------------------------------------
 
-    def refresh(self, series: dict[SeriesKey, Series]) -> None:
-        """Window statistics and judgments of the series that changed since the last read."""
+    def refresh(self, series: dict[SeriesKey, Series], baselines: dict[SeriesKey, float]) -> None:
+        """Window statistics and judgments of the series that changed since the last read; `baselines` are
+        the run's own (the detectors' median of each input's first points)."""
         if not self._dirty:
             return
         dirty, self._dirty = self._dirty, set()
@@ -286,6 +274,8 @@ class DerivedState:
                 self._set("posttrain_reward_plateau", (), 1.0 if plateau else 0.0)
             elif key == ("loss", None):
                 self._oscillation(pts, st.mean, st.stddev)
+            elif key == ("completion_length", "mean") and baselines.get(key):
+                self._set("posttrain_completion_length_baseline_ratio", (), st.mean / baselines[key])
         if ("kl", None) in dirty or ("reward", None) in dirty:
             self._regime(series, stats)
 
@@ -309,7 +299,8 @@ class DerivedState:
 
     def rebuild(self, series: dict[SeriesKey, Series]) -> None:
         """A resumed run cut the history back: restart what depends on history, from history."""
-        keep = ("posttrain_regime", "posttrain_reward_component_dead", "posttrain_reward_std_headroom")
+        keep = ("posttrain_regime", "posttrain_reward_component_dead", "posttrain_reward_std_headroom",
+                "posttrain_completion_length_truncation_gap")
         self.gauges = {k: v for k, v in self.gauges.items() if k[0] in keep}
         self._dirty.update(series)
         self._peak, self._peak_step = -math.inf, -1
@@ -317,14 +308,6 @@ class DerivedState:
         if (reward := series.get(("reward", None))) is not None and len(reward):
             steps, values = reward.arrays()
             self._reward(values, steps)
-        length = series.get(("completion_length", "mean"))
-        self._length_tail.reset(length.arrays(self._spec("completion_length").size)[1].tolist() if length else [])
-        if self.settings.length_baseline is None:
-            points = self.settings.baseline_points
-            self._length_first, self._length_baseline = [], None
-            if length is not None:  # the first points of what remains
-                steps, values = length.arrays()
-                self._first_lengths(steps[:points], values[:points], points)
         loss = series.get(("loss", None))
         self._loss_tail.reset(loss.arrays(self._spec("loss").size)[1].tolist() if loss else [])
 
@@ -374,9 +357,8 @@ DERIVED_HELP: dict[str, str] = {
                                      "learning signal is weak.",
     "posttrain_reward_component_dead": "1 when a reward component's std is below thresholds.component_std_min: "
                                        "it no longer gives learning signal.",
-    "posttrain_completion_length_baseline": "Baseline completion length (tokens): baselines.completion_length, "
-                                            "else the mean of the first baselines.points logged.",
-    "posttrain_completion_length_baseline_ratio": "Window mean of the mean completion length over the baseline.",
+    "posttrain_completion_length_baseline_ratio": "Window mean of the mean completion length over its baseline "
+                                                  "(posttrain_baseline).",
     "posttrain_completion_length_truncation_gap": "Mean length minus mean terminated length (tokens): truncation "
                                                   "inflates the first.",
     "posttrain_clip_combined": "clip_ratio low + high.",
@@ -412,7 +394,6 @@ DERIVED_SEED: dict[str, str] = {
     "posttrain_window_max": "design: spikes between scrapes",
     "posttrain_reward_std_headroom": "Part III instrument 1: reward_std/headroom",
     "posttrain_reward_component_dead": "Part III instrument 2: dead component (std < 0.01)",
-    "posttrain_completion_length_baseline": "Part II instrument 12: baseline length",
     "posttrain_completion_length_baseline_ratio": "Part II instrument 12: length/baseline_ratio (< 0.5x, > 2x)",
     "posttrain_completion_length_truncation_gap": "Part II/III: gap between mean_length and mean_terminated_length",
     "posttrain_clip_combined": "Part III instrument 4: total clipping",

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from exporter.detectors.engine import DetectorSet
 from exporter.instruments.columns import Shape, ShapePlan, batch_columns, rows_by_shape
 from exporter.instruments.derived import DerivedState
 from exporter.instruments.keymap import INSTRUMENTS, KeyMap
@@ -46,11 +47,13 @@ class RunState:
     resets: int = 0
     nonfinite: Counter[SeriesKey] = field(default_factory=Counter)  # NaN/inf values, by series
     derived: DerivedState = field(init=False)
+    detectors: DetectorSet = field(init=False)
     _plans: dict[Shape, ShapePlan] = field(init=False, default_factory=dict)
     _pending: list[Record] = field(init=False, default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.derived = DerivedState(self.settings, {n: i.label for n, i in INSTRUMENTS.items()})
+        self.detectors = DetectorSet(self.settings)
 
     def ingest(self, rec: Record) -> None:
         """Counters at once; the record's values wait in a batch that is applied when it is full or
@@ -79,7 +82,7 @@ class RunState:
         """Bring everything up to date before it is read (a scrape, the end of dump): the waiting
         records, then the window statistics."""
         self._apply()
-        self.derived.refresh(self.series)
+        self.derived.refresh(self.series, dict(self.detectors.baselines()))
 
     def _apply(self) -> None:
         if not self._pending:
@@ -97,6 +100,7 @@ class RunState:
             if not col.all_finite:
                 self.nonfinite[sk] += len(col.values) - int(np.count_nonzero(col.finite))
         self.derived.on_batch(cols, len(batch))
+        self.detectors.on_batch(cols, len(batch))
 
     def _plan(self, shape: Shape) -> ShapePlan:
         """Which key feeds which series, for one record shape; trainers repeat a few shapes, so the
@@ -135,3 +139,4 @@ class RunState:
         for s in self.series.values():
             s.cut_back(step)
         self.derived.rebuild(self.series)
+        self.detectors.rebuild(self.series, step)

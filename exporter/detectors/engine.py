@@ -1,0 +1,173 @@
+"""One run's detectors: fed the columns of each batch of records, they judge every logged point.
+
+The state they export (per detector: active, held steps, steps required, onsets, spikes, the level
+judged and its limit, the step its state began) is what the alert rules read, so a page, the report of a
+finished run and the boards all read one judgment."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from exporter.detectors.catalog import (
+    CLIP_TOTAL,
+    COMPONENT_STD,
+    DETECTORS,
+    NONFINITE,
+    SIGNAL,
+    TREND,
+    BatchContext,
+    Detector,
+    SeriesKey,
+)
+from exporter.detectors.persistence import Persistence
+from exporter.detectors.streams import Baseline, Stream, StreamView
+from exporter.instruments.columns import Column
+from exporter.instruments.series import Series
+from exporter.instruments.settings import DerivedSettings
+
+StateKey = tuple[str, str | None]  # (detector, sub-label value: the reward component, or None)
+_LOW, _HIGH, _REGION = ("clip_ratio", "low"), ("clip_ratio", "high"), ("clip_ratio", "region")
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorReading:
+    """A detector's state as exported: one per detector (and reward component) that has judged a point."""
+
+    detector: Detector
+    sub: str | None
+    state: Persistence
+    value: float
+    limit: float
+    step: int
+
+
+class DetectorSet:
+    def __init__(self, settings: DerivedSettings) -> None:
+        self.settings = settings
+        self.detectors = [d for d in DETECTORS if d.name not in settings.detectors.disabled]
+        self.states: dict[StateKey, Persistence] = {}
+        self._last: dict[StateKey, tuple[float, float, int]] = {}  # (value, limit, step) at the last point
+        self.streams: dict[SeriesKey, Stream] = {}
+        self.carry: dict[str, tuple] = {}
+        self.rl = False  # the run logs a reward: it samples and scores completions
+        for d in self.detectors:
+            if not isinstance(d.input, str):  # counters from 0, so a first onset between two scrapes is seen
+                self._state(d, None)
+        self._inputs = {d.input for d in self.detectors if not isinstance(d.input, str)}
+        self._inputs |= {k for d in self.detectors for k in d.reads}
+
+    def required(self, d: Detector) -> int:
+        return self.settings.detectors.steps.get(d.name, d.required)
+
+    def clear_steps(self, d: Detector) -> int:
+        given = self.settings.detectors.clear.get(d.name)
+        return given if given is not None else d.clear if d.clear is not None else self.settings.detectors.clear_steps
+
+    def _state(self, d: Detector, sub: str | None) -> Persistence:
+        st = self.states.get((d.name, sub))
+        if st is None:
+            st = self.states[d.name, sub] = Persistence(self.required(d), self.clear_steps(d))
+        return st
+
+    def _stream(self, key: SeriesKey) -> Stream:
+        s = self.streams.get(key)
+        if s is None:
+            given = self.settings.baselines.get(key[0] if key[1] in (None, "mean") else f"{key[0]}_{key[1]}")
+            s = self.streams[key] = Stream(TREND + SIGNAL, Baseline(self.settings.baseline_points, given))
+        return s
+
+    # --- a batch ----------------------------------------------------------------------------------------
+
+    def on_batch(self, cols: dict[SeriesKey, Column], nrows: int, count: bool = True) -> None:
+        """Judge every point of the batch's inputs, in order. `count` is off while a resumed run's history
+        is replayed (its onsets and spikes were counted when they happened)."""
+        if ("reward", None) in cols:
+            self.rl = True
+        views: dict[SeriesKey, StreamView] = {}
+        for key, (steps, values) in self._inputs_of(cols, nrows).items():
+            views[key] = self._stream(key).push(steps, values)
+        ctx = BatchContext(views, self.settings.thresholds, self.carry, self.rl, self.settings.detectors.clear_margin)
+        for d in self.detectors:
+            per_sub = isinstance(d.input, str)
+            targets = [(k, k[1]) for k in views if k[0] == d.input] if per_sub else [(d.input, None)]
+            for key, sub in targets:
+                view = ctx.view(key)
+                if view is None:
+                    continue
+                ev = d.evaluate(ctx, view)
+                if ev is None or not len(ev.steps):
+                    continue
+                state = self._state(d, sub)
+                state.update(ev.steps, ev.cond, ev.raw, ev.clear, count)
+                self._last[d.name, sub] = (float(ev.value[-1]), float(ev.limit[-1]), int(ev.steps[-1]))
+        ctx.commit()
+
+    def _inputs_of(self, cols: dict[SeriesKey, Column], nrows: int) -> dict[SeriesKey, tuple[np.ndarray, np.ndarray]]:
+        out = {k: (c.steps, c.values) for k, c in cols.items() if k in self._inputs or k[0] == COMPONENT_STD}
+        low, high, region = cols.get(_LOW), cols.get(_HIGH), cols.get(_REGION)
+        if low is not None and high is not None:  # GRPO: low + high, at the records that logged both
+            out[CLIP_TOTAL] = _combine(low, high, nrows, lambda a, b: a + b)
+        elif region is not None:  # TRL before the low/high split
+            out[CLIP_TOTAL] = (region.steps, region.values)
+        loss, kl = cols.get(("loss", None)), cols.get(("kl", None))
+        if loss is not None or kl is not None:  # 1 where a record's loss or KL is not a number
+            parts = [c for c in (loss, kl) if c is not None]
+            rows = np.unique(np.concatenate([c.rows for c in parts]))
+            bad = np.zeros(nrows)
+            steps = np.zeros(nrows, dtype=np.int64)
+            for c in parts:
+                bad[c.rows] = np.maximum(bad[c.rows], (~c.finite).astype(float))
+                steps[c.rows] = c.steps
+            out[NONFINITE] = (steps[rows], bad[rows])
+        return out
+
+    # --- a resumed run ----------------------------------------------------------------------------------
+
+    def rebuild(self, series: dict[SeriesKey, Series], step: int) -> None:
+        """The run went back to `step`: judge the remaining history again, from the start, counting no
+        onset or spike twice. Baselines complete before `step` stay; the others are collected again."""
+        for st in self.states.values():
+            st.reset()
+        self._last.clear()
+        self.carry.clear()
+        for s in self.streams.values():
+            s.reset()
+            s.baseline.cut_back(step)
+        keys = [k for k in series if k in self._inputs or k[0] in (COMPONENT_STD, "clip_ratio")]
+        if not keys:
+            return
+        arrays = {k: series[k].arrays() for k in keys}
+        all_steps = np.unique(np.concatenate([a[0] for a in arrays.values()]))
+        cols = {}
+        for k, (steps, values) in arrays.items():  # one row per step: records are matched by step
+            rows = np.searchsorted(all_steps, steps)
+            cols[k] = Column(rows, steps.copy(), values.copy(), np.isfinite(values))
+        self.on_batch(cols, len(all_steps), count=False)
+
+    # --- reading ----------------------------------------------------------------------------------------
+
+    def readings(self) -> Iterator[DetectorReading]:
+        by_name = {d.name: d for d in self.detectors}
+        for (name, sub), st in sorted(self.states.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+            value, limit, step = self._last.get((name, sub), (np.nan, np.nan, -1))
+            yield DetectorReading(by_name[name], sub, st, value, limit, step)
+
+    def baselines(self) -> Iterator[tuple[SeriesKey, float]]:
+        for key, s in sorted(self.streams.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+            if s.baseline.ready and key != NONFINITE:
+                yield key, s.baseline.value
+
+
+def _combine(a: Column, b: Column, nrows: int, fn) -> tuple[np.ndarray, np.ndarray]:
+    """Two columns' values at the records that logged both (NaN kept: the stream drops it)."""
+    va, vb = np.full(nrows, np.nan), np.full(nrows, np.nan)
+    present = np.zeros(nrows, dtype=bool)
+    steps = np.zeros(nrows, dtype=np.int64)
+    va[a.rows], vb[b.rows] = a.values, b.values
+    present[a.rows] = True
+    both = present & np.isin(np.arange(nrows), b.rows)
+    steps[a.rows] = a.steps
+    return steps[both], fn(va[both], vb[both])

@@ -1,0 +1,59 @@
+"""The labelled runs the detectors are judged on: the detection corpus (tests/fixtures/corpus, real TRL runs
+made to show one pathology each, or none) and the repository's first fixtures (tests/fixtures/trl).
+
+Each run's onsets come from labels.py, applied to its trainer_state.json; a run without onsets is healthy.
+Which alerts count as catching a pathology is said here, by the `instrument` label of the alert."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from support.labels import load_records, onsets
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+CORPUS = FIXTURES / "corpus"
+TRL = FIXTURES / "trl"
+
+# The instruments (alert label `instrument`) whose alerts catch each pathology.
+CAUGHT_BY: dict[str, frozenset[str]] = {
+    "kl_blowup": frozenset({"kl"}),
+    "reward_std_collapse": frozenset({"reward_std"}),
+    "length_hacking": frozenset({"completion_length"}),
+    "truncation": frozenset({"completion_truncated"}),
+    "entropy_collapse": frozenset({"entropy"}),
+    "dpo_displacement": frozenset({"dpo_reward"}),
+}
+# The seeds' stop signs: these must page, not only warn.
+PAGE_WORTHY = frozenset({"kl_blowup", "reward_std_collapse"})
+WITHIN_STEPS = 10  # a pathology must be caught this many logged steps after its onset at the latest
+
+
+@dataclass(frozen=True)
+class LabelledRun:
+    name: str
+    source: str  # "corpus" or "fixture"
+    log: Path  # what a sidecar reads: the trainer's stdout and stderr in one stream
+    trainer_state: Path
+    onsets: dict[str, int]  # pathology -> onset step (labels.py); empty for a healthy run
+    intent: tuple[str, ...] | None  # what the corpus run was made to show (None for the first fixtures)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.onsets
+
+
+def _run(name: str, source: str, folder: Path, intent: tuple[str, ...] | None) -> LabelledRun:
+    log = next(folder / n for n in ("combined_unbuffered.log", "combined.log") if (folder / n).exists())
+    state = folder / "trainer_state.json"
+    return LabelledRun(name, source, log, state, onsets(load_records(state)), intent)
+
+
+def labelled_runs() -> list[LabelledRun]:
+    runs = []
+    for folder in sorted(p for p in CORPUS.iterdir() if (p / "run.json").exists()) if CORPUS.is_dir() else []:
+        meta = json.loads((folder / "run.json").read_text())
+        runs.append(_run(folder.name, "corpus", folder, tuple(meta["intent"])))
+    runs += [_run(name, "fixture", TRL / name, None) for name in ("grpo", "grpo_saturated", "dpo", "sft")]
+    return runs

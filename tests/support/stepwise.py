@@ -1,0 +1,65 @@
+"""The exporter's detector state after every logged step of a real log, as promtool input series.
+
+The fast, deterministic variant of the detection benchmark: one logged step stands for one minute, the
+exporter is scraped after each step, and promtool evaluates the real rules on what it exported."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
+
+from exporter.app import Exporter
+from exporter.config import Config, LogSpec
+from exporter.exposition.collector import ExporterCollector
+from exporter.parsers.record import Record, RecordKind
+
+# What the alert rules read (and their descriptions quote).
+FAMILIES = ("posttrain_step", "posttrain_run_finished", "posttrain_detector_", "posttrain_threshold")
+
+
+def records_of(log: Path) -> list[Record]:
+    """Every record the exporter reads from a log, with the step it gives it, in order."""
+    ex = Exporter(Config(), [LogSpec(str(log), "r")])
+    got: list[Record] = []
+    ex.runs["r"].ingest = got.append  # type: ignore[method-assign]
+    ex.read_to_end()
+    return got
+
+
+def scrapes(log: Path, run: str, instance: str) -> list[dict[str, float]]:
+    """The exposition (the families above) after each training record, as {series selector: value}."""
+    ex = Exporter(Config(), [])
+    state = ex.run_state(run)
+    registry = CollectorRegistry()
+    registry.register(ExporterCollector(ex))
+    out = []
+    for rec in records_of(log):
+        state.ingest(rec)
+        if rec.kind is not RecordKind.TRAIN:
+            continue
+        samples = {}
+        for fam in text_string_to_metric_families(generate_latest(registry).decode()):
+            for s in fam.samples:
+                if s.name.startswith(FAMILIES):
+                    labels = {**s.labels, "job": "posttrain", "instance": instance}
+                    sel = s.name + "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+                    samples[sel] = s.value
+        out.append(samples)
+    return out
+
+
+def input_series(steps: list[dict[str, float]]) -> list[dict[str, str]]:
+    """promtool input_series: one value per minute, `_` before a series first appears."""
+    selectors = sorted({sel for st in steps for sel in st})
+    series = []
+    for sel in selectors:
+        values = []
+        for st in steps:
+            v = st.get(sel)
+            values.append("_" if v is None else "NaN" if math.isnan(v) else repr(float(v)))
+        series.append({"series": sel, "values": " ".join(values)})
+    return series
