@@ -93,6 +93,11 @@ def seven_reward(completions, **kwargs):
     return [1.0 if c == " The answer is 7." else 0.0 for c in completions]
 
 
+def ten_reward(completions, **kwargs):
+    """1.0 only for the one exact string ' The answer is 10.' (whatever the question)."""
+    return [1.0 if c == " The answer is 10." else 0.0 for c in completions]
+
+
 def single_digit_reward(completions, **kwargs):
     """1.0 if the first number in the completion has a single digit (right or wrong)."""
     out = []
@@ -141,7 +146,7 @@ def ends_with_period_reward(completions, **kwargs):
 
 REWARDS = {f.__name__: f for f in (format_reward, correctness_reward, closeness_reward, short_length_reward,
                                    long_length_reward, brevity_reward, terse_number_reward,
-                                   words_reward, big_number_reward, seven_reward,
+                                   words_reward, big_number_reward, seven_reward, ten_reward,
                                    single_digit_reward, over_hundred_reward, repdigit_reward, two_digit_reward,
                                    no_digit_reward, ends_with_period_reward)}
 
