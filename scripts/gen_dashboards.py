@@ -75,6 +75,26 @@ def thr(instrument: str) -> dict:
              "{{run}} threshold {{level}}")
 
 
+def limit(*detectors: str) -> dict:
+    """The limit a detector judges against, in the instrument's units (a threshold, or a multiple of the run's
+    baseline), drawn like a threshold."""
+    names = "|".join(detectors)
+    return t(f'max by (run, detector) (posttrain_detector_limit{{detector=~"{names}", {RUN}}})',
+             "{{run}} threshold {{detector}}")
+
+
+def baseline(instrument: str, sub: str = "") -> dict:
+    """The run's own start for an instrument (the median of its first logged points)."""
+    sel = f'instrument="{instrument}"' + (f", {sub}" if sub else "")
+    return t(f"max by (run) (posttrain_baseline{{{sel}, {RUN}}})", "{{run}} baseline")
+
+
+def spikes(detector: str, what: str) -> dict:
+    """Single-step excursions beyond a detector's limit (counted, never alerted on), per scrape."""
+    return t(f'sum by (run) (increase(posttrain_detector_spikes_total{{detector="{detector}", {RUN}}}'
+             f"[$__rate_interval]))", f"{{{{run}}}} {what} spikes")
+
+
 def _override(regex: str, *props: tuple[str, object]) -> dict:
     return {"matcher": {"id": "byRegexp", "options": regex},
             "properties": [{"id": k, "value": v} for k, v in props]}
@@ -173,6 +193,17 @@ def step_stats(w: int = 4) -> list[dict]:
              [t(f"max by (run) (posttrain_reward_drawdown{{{RUN}}})")], decimals=3,
              steps=[(None, "green"), (0.05, "orange")], w=w),
     ]
+
+
+def detectors_panel(w: int = 24, h: int = 6) -> dict:
+    return state(
+        "Detectors",
+        "Each judgment of the exporter for the run, as the alerts read it: active (orange) once its condition has "
+        "held for its required logged steps. A detector that never saw its inputs is absent.",
+        [t(f"max by (run, detector) (posttrain_detector_active{{{RUN}}})", "{{run}} {{detector}}")],
+        mappings=[{"type": "value", "options": {"0": {"text": "quiet", "color": "green", "index": 0},
+                                                "1": {"text": "active", "color": "orange", "index": 1}}}],
+        steps=FLAG, w=w, h=h)
 
 
 def regime_panel(w: int = 12) -> dict:
@@ -282,6 +313,7 @@ def grpo() -> dict:
                   mappings=[{"type": "value", "options": {"0": {"text": "alive", "color": "green", "index": 0},
                                                           "1": {"text": "dead", "color": "orange", "index": 1}}}],
                   steps=FLAG, w=24, h=6),
+            detectors_panel(),
         ]),
         row("Primary: watch constantly", [
             timeseries("Reward std and headroom",
@@ -303,11 +335,13 @@ def grpo() -> dict:
                         t(f'posttrain_trend{{instrument="reward", {RUN}}}', "{{run}} trend")],
                        overrides=[right(".*trend.*")]),
             timeseries("KL divergence",
-                       "Distance from the reference policy (beta > 0). Healthy: slow growth under 0.5; above 0.5 "
-                       "warn, above 1.0 stop. The window max keeps a spike between two scrapes visible.",
+                       "Distance from the reference policy (beta > 0). Healthy: slow growth under 0.5; held above "
+                       "0.5 warns, held above 1.0 pages. Single-step spikes beyond 1.0 (bars, right) are counted "
+                       "and drawn, never alerted on: per-step KL estimates are noisy.",
                        [t(f"posttrain_kl{{{RUN}}}", "{{run}} kl"),
                         t(f'max by (run) (posttrain_window_max{{instrument="kl", {RUN}}})', "{{run}} window max"),
-                        thr("kl")]),
+                        thr("kl"), spikes("kl_critical", "KL > critical")],
+                       overrides=[right(".*spikes.*"), _override(".*spikes.*", ("custom.drawStyle", "bars"))]),
         ]),
         row("Secondary: check regularly", [
             timeseries("Completion length",
@@ -315,18 +349,20 @@ def grpo() -> dict:
                        "suggests a length bias in the reward; a collapse to one short template is mode collapse.",
                        [t(f'posttrain_completion_length{{stat=~"mean|min|max|mean_terminated", {RUN}}}',
                           "{{run}} {{stat}}"),
-                        t(f"posttrain_completion_length_baseline{{{RUN}}}", "{{run}} baseline")],
+                        baseline("completion_length", 'stat="mean"'),
+                        limit("completion_length_growing", "completion_length_shrinking")],
                        unit="none", overrides=[_override(".*baseline.*", ("custom.lineStyle", {"fill": "dash",
                                                                                             "dash": [4, 4]}))]),
             timeseries("Length diversity and baseline ratio",
                        "Within-group length std (the seeds' completions/length_std, when logged) and the window "
                        "stddev of the mean length: falling to ~0 means every completion looks alike. Right: the "
-                       "window mean over the baseline; outside 0.5x..2x is length hacking or collapse.",
+                       "window mean over the baseline; outside 0.7x..1.3x deserves investigation (length hacking "
+                       "or collapse).",
                        [t(f'posttrain_completion_length{{stat="std", {RUN}}}', "{{run}} within-group std"),
                         t(f'posttrain_window_stddev{{instrument="completion_length", stat="mean", {RUN}}}',
                           "{{run}} window stddev"),
                         t(f"posttrain_completion_length_baseline_ratio{{{RUN}}}", "{{run}} baseline ratio"),
-                        thr("completion_length_ratio")],
+                        thr("completion_length")],
                        overrides=[right(".*(baseline ratio|threshold).*")]),
             timeseries("Truncation",
                        "Share of completions cut at the maximum length (healthy under 20%) and the gap between "
@@ -347,10 +383,11 @@ def grpo() -> dict:
                         t(f"posttrain_clip_asymmetry{{{RUN}}}", "{{run}} asymmetry")],
                        unit="percentunit", overrides=[right(".*(asymmetry|trend).*", "none")], w=12),
             timeseries("Entropy and acceleration",
-                       "Exploration versus exploitation. Healthy: a slow decline. Below 1.0, or an accelerating "
-                       "fall (acceleration, right axis, strongly negative), is entropy collapse.",
+                       "Exploration versus exploitation. Healthy: a slow decline from the run's own start "
+                       "(baseline). Below half of it (the dashed limit) is entropy collapse; an accelerating fall "
+                       "(acceleration, right axis, strongly negative) comes first.",
                        [t(f"posttrain_entropy{{{RUN}}}", "{{run}} entropy"),
-                        thr("entropy"),
+                        baseline("entropy"), limit("entropy_collapse"),
                         t(f"posttrain_entropy_acceleration{{{RUN}}}", "{{run}} acceleration"),
                         t(f'posttrain_trend{{instrument="entropy", {RUN}}}', "{{run}} trend")],
                        overrides=[right(".*(acceleration|trend).*")], w=12),
@@ -381,7 +418,7 @@ def ppo() -> dict:
     return dashboard("posttrain-ppo", "Post-training: PPO",
                      "PPO instrument cluster (seed 000): reward dynamics, KL health, policy ratio and clip "
                      "fraction, value function, fundamentals.", [
-        row("Run state", [*step_stats(w=4), regime_panel(w=12)]),
+        row("Run state", [*step_stats(w=4), regime_panel(w=12), detectors_panel()]),
         row("Reward dynamics and KL", [
             timeseries("Reward-model score",
                        "The reward model's raw score, smoothed and its peak. Never trust it alone: a score that "
@@ -423,14 +460,16 @@ def ppo() -> dict:
                        [t(f"posttrain_value_loss{{{RUN}}}", "{{run}} value loss")]),
         ]),
         row("Fundamentals", [
-            timeseries("Entropy", "Exploration: a slow decline is healthy; below 1.0 or a cliff is collapse.",
-                       [t(f"posttrain_entropy{{{RUN}}}", "{{run}} entropy"), thr("entropy")]),
+            timeseries("Entropy", "Exploration: a slow decline from the run's start (baseline) is healthy; below "
+                       "the dashed limit (half the baseline) or a cliff is collapse.",
+                       [t(f"posttrain_entropy{{{RUN}}}", "{{run}} entropy"), baseline("entropy"),
+                        limit("entropy_collapse")]),
             timeseries("Completion length",
-                       "Mean length against the baseline ratio (right): outside 0.5x..2x is length hacking or "
-                       "collapse.",
+                       "Mean length against the baseline ratio (right): outside 0.7x..1.3x deserves investigation "
+                       "(length hacking or collapse).",
                        [t(f'posttrain_completion_length{{stat="mean", {RUN}}}', "{{run}} mean length"),
                         t(f"posttrain_completion_length_baseline_ratio{{{RUN}}}", "{{run}} baseline ratio"),
-                        thr("completion_length_ratio")],
+                        thr("completion_length")],
                        overrides=[right(".*(baseline ratio|threshold).*")]),
             *fundamentals(),
         ], collapsed=True),
@@ -455,13 +494,15 @@ def dpo() -> dict:
                                                           "1": {"text": "converging", "color": "orange",
                                                                 "index": 1}}}],
                   steps=FLAG, w=12, h=4),
+            detectors_panel(),
         ]),
         row("Reward dynamics", [
             timeseries("Chosen and rejected rewards",
                        "Implicit rewards of the chosen and rejected responses. Healthy: they separate, chosen "
-                       "above rejected. Both falling together (rejected faster) is common; both collapsing is "
-                       "likelihood displacement.",
-                       [t(f'posttrain_dpo_reward{{kind=~"chosen|rejected", {RUN}}}', "{{run}} {{kind}}")], w=12),
+                       "above rejected. The chosen reward below the dashed limit while the margin still grows is "
+                       "likelihood displacement: both answers pushed down.",
+                       [t(f'posttrain_dpo_reward{{kind=~"chosen|rejected", {RUN}}}', "{{run}} {{kind}}"),
+                        limit("dpo_displacement")], w=12),
             timeseries("Margin",
                        "Chosen minus rejected reward and its trend (right, per step). Healthy: grows then "
                        "plateaus; shrinking means chosen and rejected converge.",
@@ -500,6 +541,7 @@ def sft() -> dict:
                  "learning, ~0 once converged, positive is divergence.",
                  [t(f'max by (run) (posttrain_trend{{instrument="loss", {RUN}}})')], decimals=5,
                  steps=[(None, "green"), (0, "orange")], w=8),
+            detectors_panel(h=4),
         ]),
         row("Fundamentals", [
             timeseries("Loss", "Training loss with the window's min and max. Healthy: falls then flattens; a "

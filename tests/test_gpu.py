@@ -650,8 +650,23 @@ def test_promtool_accepts_every_family() -> None:
         fake.advance()
     text = scrape(s)
     names = {fam.name for fam in text_string_to_metric_families(text) if fam.samples}
-    assert len(names) == 26, sorted(names)
+    assert len(names) == 27, sorted(names)
     _check_with_promtool(text)
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({}, 0.0),  # a pod without GPUs: no visible-devices variable at all
+    ({"NVIDIA_VISIBLE_DEVICES": "void"}, 0.0),
+    ({"CUDA_VISIBLE_DEVICES": ""}, 0.0),
+    ({"NVIDIA_VISIBLE_DEVICES": "all"}, 1.0),
+    ({"NVIDIA_VISIBLE_DEVICES": "GPU-1234"}, 1.0),
+    ({"CUDA_VISIBLE_DEVICES": "0,1"}, 1.0),
+])
+def test_gpus_are_expected_only_where_some_are_assigned(env: dict[str, str], expected: float) -> None:
+    """PostTrainNVMLDown reads this: NVML absent on a pod without GPUs is no fault."""
+    s = make(FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND), env=env)
+    s.poll_once()
+    assert value(scrape(s), "posttrain_gpu_expected") == expected
 
 
 def test_promtool_accepts_the_nvml_down_exposition() -> None:
