@@ -135,12 +135,14 @@ def parse_config(raw: Any) -> Config:
     return cfg
 
 
-def _section(raw: dict, name: str, known: set[str]) -> dict:
+def _section(raw: dict, name: str, known: set[str], where: str | None = None) -> dict:
+    """raw[name], a mapping of known keys; `where` names it in errors (default: `name`)."""
+    where = where or name
     sec = raw.get(name, {})
-    _expect(isinstance(sec, dict), name, "must be a mapping")
+    _expect(isinstance(sec, dict), where, "must be a mapping")
     unknown = sorted(set(sec) - known)
     known_list = ", ".join(sorted(known))
-    _expect(not unknown, f"{name}.{unknown[0]}" if unknown else "", f"unknown setting (known: {known_list})")
+    _expect(not unknown, f"{where}.{unknown[0]}" if unknown else "", f"unknown setting (known: {known_list})")
     return sec
 
 
@@ -189,8 +191,8 @@ def _detectors(raw: dict) -> DetectorSettings:
     steps, clear, disabled = {}, {}, set()
     for name in set(sec) & set(DETECTORS):
         where = f"detectors.{name}"
-        d = _section(sec, name, {"steps", "clear_steps", "enabled"}) if isinstance(sec[name], dict) else None
-        _expect(d is not None, where, "must be a mapping of steps, clear_steps, enabled")
+        _expect(isinstance(sec[name], dict), where, "must be a mapping of steps, clear_steps, enabled")
+        d = _section(sec, name, {"steps", "clear_steps", "enabled"}, where)
         if "steps" in d:
             steps[name] = _number(d, "steps", 1, integer=True, section=where)
         if "clear_steps" in d:

@@ -68,11 +68,38 @@ def test_bad_listen_address() -> None:
      ({"aliases": {"my/r": "reward_component"}}, "reward_component needs its label"),
      ({"limits": {"max_keys": "many"}}, "max_keys: must be an integer"),
      ({"limits": {"history_limit": 0}}, "history_limit: must be greater than 1"),
-     ({"poll_interval_seconds": -1}, "poll_interval_seconds: must be greater than 0")],
+     ({"poll_interval_seconds": -1}, "poll_interval_seconds: must be greater than 0"),
+     ({"detectors": {"kl_critcal": {"steps": 3}}}, "detectors.kl_critcal: unknown setting"),
+     ({"detectors": {"kl_critical": {"steps": 0}}}, "detectors.kl_critical.steps: must be greater than 0"),
+     ({"detectors": {"kl_critical": {"stpes": 2}}}, "detectors.kl_critical.stpes: unknown setting"),
+     ({"detectors": {"kl_critical": 3}}, "detectors.kl_critical: must be a mapping"),
+     ({"detectors": {"kl_high": {"enabled": "no"}}}, "detectors.kl_high.enabled: must be true or false"),
+     ({"detectors": {"clear_margin": 1.5}}, r"detectors.clear_margin: must be a number in \[0, 1\)"),
+     ({"baselines": {"entropy": -1}}, "baselines.entropy: must be greater than 0"),
+     ({"baselines": {"entrpy": 1}}, "baselines.entrpy: unknown setting"),
+     ({"thresholds": {"entropy_min": 1.0}}, "thresholds.entropy_min: unknown setting")],
 )
 def test_config_validation(raw: dict, field: str) -> None:
-    with pytest.raises(ConfigError, match=field.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
+    pattern = field if "\\[" in field else field.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
+    with pytest.raises(ConfigError, match=pattern):
         parse_config(raw)
+
+
+def test_detector_settings_reach_the_run(tmp_path) -> None:
+    """Persistence per detector (steps, clear_steps), detectors turned off, and a baseline given instead of
+    measured, from the config to the exported state."""
+    cfg = parse_config({"detectors": {"kl_critical": {"steps": 5, "clear_steps": 4}, "kl_high": {"enabled": False}},
+                        "baselines": {"entropy": 0.9, "points": 5}})
+    run = RunState("r", KeyMap(), settings=cfg.derived)
+    for step in range(1, 12):
+        run.ingest(Record({"kl": 3.0, "entropy": 0.9}, "jsonl", step=step))
+    run.refresh()
+    states = {r.detector.name: r.state for r in run.detectors.readings()}
+    assert "kl_high" not in states
+    assert (states["kl_critical"].required, states["kl_critical"].clear) == (5, 4)
+    # the median of 5 exists from the 5th point, beyond 1 from there; held 5 points: active at step 9
+    assert [(e.since, e.start) for e in states["kl_critical"].episodes] == [(5, 9)]
+    assert dict(run.detectors.baselines())[("entropy", None)] == 0.9
 
 
 def test_config_aliases_and_user_format_work_end_to_end(tmp_path) -> None:

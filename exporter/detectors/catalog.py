@@ -323,12 +323,19 @@ def dpo_rewards_converging(ctx: BatchContext, v: StreamView) -> Evaluation:
 
 
 def loss_sign_flip(ctx: BatchContext, v: StreamView) -> Evaluation:
-    """The loss, positive at the run's start, now clearly negative (its recent mean more than two
-    standard errors below zero)."""
+    """The loss, clearly positive over the run's first 10 points, now clearly negative: its mean over the
+    last 10 more than two standard errors below zero. A loss that merely hovers around zero (the GRPO
+    surrogate) is neither, and flips sign all the time."""
+    seen = ctx.carry.get("loss_points", (0,))[0]
+    ctx.carry["loss_points"] = (seen + len(v.new_values),)
+    if "loss_start" not in ctx.carry and seen + len(v.new_values) >= SIGNAL:
+        first = v.values[v.start - seen :][:SIGNAL]
+        ctx.carry["loss_start"] = (float(first.mean() > 2 * first.std() / np.sqrt(SIGNAL)),)
     mean, std = v.rolling(SIGNAL, "mean"), v.rolling_std(SIGNAL)
     limit = -2 * std / np.sqrt(SIGNAL)
+    started_positive = ctx.carry.get("loss_start", (0.0,))[0] > 0
     with np.errstate(invalid="ignore"):
-        cond = (v.baseline > 0) & (mean < limit)
+        cond = started_positive & (mean < limit)
     return Evaluation(v.new_steps, cond, mean, limit)
 
 
@@ -561,7 +568,8 @@ DETECTORS: tuple[Detector, ...] = (
                 "forgetting or a learning rate that is too high."),
     Detector(
         "loss_sign_flip", "PostTrainLossSignFlip", "warning", "loss", LOSS, loss_sign_flip, 5,
-        help="Loss positive at the run's start, its mean of the last 10 now more than 2 standard errors below 0.",
+        help="Loss clearly positive over its first 10 logged steps, its mean of the last 10 now more than 2 "
+             "standard errors below 0.",
         seed="002: pg loss went negative after being positive",
         summary="The policy-gradient loss went negative after being positive in run {run}.",
         saw="the mean loss of its last 10 logged steps is {value}, clearly below zero (limit {limit}) after a "
