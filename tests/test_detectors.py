@@ -3,6 +3,7 @@ detector on curves that show its case and on the noise it must ignore."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -24,7 +25,7 @@ def judge(cond: list[bool], required: int = 3, clear: int = 2, cuts: tuple[int, 
     r = None if raw is None else np.array(raw)
     bounds = [0, *cuts, len(cond)]
     active = []
-    for a, b in zip(bounds, bounds[1:], strict=False):
+    for a, b in itertools.pairwise(bounds):
         active += p.update(steps[a:b], c[a:b], None if r is None else r[a:b]).tolist()
     return p, active
 
