@@ -114,14 +114,15 @@ class DetectorSet:
             out[CLIP_TOTAL] = (region.steps, region.values)
         loss, kl = cols.get(("loss", None)), cols.get(("kl", None))
         if loss is not None or kl is not None:  # 1 where a record's loss or KL is not a number
-            parts = [c for c in (loss, kl) if c is not None]
-            rows = np.unique(np.concatenate([c.rows for c in parts]))
-            bad = np.zeros(nrows)
+            present, bad = np.zeros(nrows, dtype=bool), np.zeros(nrows)
             steps = np.zeros(nrows, dtype=np.int64)
-            for c in parts:
-                bad[c.rows] = np.maximum(bad[c.rows], (~c.finite).astype(float))
-                steps[c.rows] = c.steps
-            out[NONFINITE] = (steps[rows], bad[rows])
+            for c in (loss, kl):
+                if c is not None:
+                    present[c.rows] = True
+                    steps[c.rows] = c.steps
+                    if not c.all_finite:
+                        bad[c.rows[~c.finite]] = 1.0
+            out[NONFINITE] = (steps[present], bad[present])
         return out
 
     # --- a resumed run ----------------------------------------------------------------------------------

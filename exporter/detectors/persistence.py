@@ -65,6 +65,12 @@ class Persistence:
         n = len(cond)
         if n == 0:
             return np.zeros(0, dtype=bool)
+        if not self.active and not self.held and not cond.any():  # quiet, and stays quiet: most batches
+            self.failed = self.failed + n if clear is None or clear.all() else int(_run_lengths(clear, self.failed)[-1])
+            if count and raw is not None and (self.raw_run or raw.any()):
+                self.spikes += self._spikes(raw, np.zeros(n, dtype=bool))
+            self.last_step = int(steps[-1])
+            return np.zeros(n, dtype=bool)
         idx = np.arange(n)
         held = _run_lengths(cond, self.held)
         failed = _run_lengths(~cond if clear is None else clear, self.failed)

@@ -8,7 +8,6 @@ ones. Every finite value logged is a point, in record order (a step logged twice
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -60,14 +59,24 @@ class Baseline:
         self.value = math.nan
 
 
-@dataclass(frozen=True, slots=True)
 class StreamView:
-    """The carried points followed by a batch's new ones; statistics are given for the new points."""
+    """The carried points followed by a batch's new ones; statistics are given for the new points, each
+    computed once per batch however many detectors read it."""
 
-    steps: np.ndarray
-    values: np.ndarray
-    start: int  # index of the first new point
-    baseline: np.ndarray  # the baseline in force at each new point (NaN before it exists)
+    __slots__ = ("_cache", "baseline", "start", "steps", "values")
+
+    def __init__(self, steps: np.ndarray, values: np.ndarray, start: int, baseline: np.ndarray) -> None:
+        self.steps = steps
+        self.values = values
+        self.start = start  # index of the first new point
+        self.baseline = baseline  # the baseline in force at each new point (NaN before it exists)
+        self._cache: dict[tuple, np.ndarray] = {}
+
+    def _memo(self, key: tuple, compute) -> np.ndarray:
+        got = self._cache.get(key)
+        if got is None:
+            got = self._cache[key] = compute()
+        return got
 
     @property
     def new_steps(self) -> np.ndarray:
@@ -82,6 +91,9 @@ class StreamView:
 
     def rolling(self, points: int, how: str) -> np.ndarray:
         """Median or mean of the last `points` values up to each new point; NaN with fewer logged."""
+        return self._memo(("rolling", points, how), lambda: self._rolling(points, how))
+
+    def _rolling(self, points: int, how: str) -> np.ndarray:
         out = np.full(len(self.values) - self.start, np.nan)
         ends = self._ends()
         full = ends >= points
@@ -92,6 +104,9 @@ class StreamView:
 
     def rolling_std(self, points: int) -> np.ndarray:
         """Population stddev of the last `points` values up to each new point; NaN with fewer logged."""
+        return self._memo(("std", points), lambda: self._rolling_std(points))
+
+    def _rolling_std(self, points: int) -> np.ndarray:
         out = np.full(len(self.values) - self.start, np.nan)
         ends = self._ends()
         full = ends >= points
@@ -103,6 +118,9 @@ class StreamView:
     def trend_t(self, size: int, min_points: int) -> np.ndarray:
         """Least-squares slope of value against step over the last `size` points (at least `min_points`)
         up to each new point, over its standard error: how far the trend stands out of the noise."""
+        return self._memo(("trend", size, min_points), lambda: self._trend_t(size, min_points))
+
+    def _trend_t(self, size: int, min_points: int) -> np.ndarray:
         ends = self._ends()
         out = np.zeros(len(ends))
         full = ends >= size
