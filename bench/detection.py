@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "scripts")]
 
 from loopback import Processes, free_port, http_ready  # noqa: E402
-from support.corpus import CAUGHT_BY, PAGE_WORTHY, WITHIN_STEPS, LabelledRun, labelled_runs  # noqa: E402
+from support.corpus import CAUGHT_BY, PAGE_WORTHY, WITHIN_STEPS, LabelledRun, labelled_runs, within  # noqa: E402
 from support.labels import load_records  # noqa: E402
 from support.stack import Stack, server_commands, webhook, write_configs  # noqa: E402
 
@@ -154,12 +154,13 @@ def verdicts(o: Outcome) -> list[dict]:
         first, page = (caught[0] if caught else None), (pages[0] if pages else None)
         d = logged_delay(o.run, onset, first.step) if first else None
         dp = logged_delay(o.run, onset, page.step) if page else None
-        ok = d is not None and d <= WITHIN_STEPS and (pathology not in PAGE_WORTHY or (dp is not None and
-                                                                                         dp <= WITHIN_STEPS))
+        ok = d is not None and d <= within(pathology) and (pathology not in PAGE_WORTHY or (
+            dp is not None and dp <= within(pathology)))
         rows.append({"run": o.run.name, "pathology": pathology, "onset": onset,
                      "first": f"{first.name} ({first.severity}) at step {first.step}" if first else "none",
                      "delay": d, "page": f"{page.name} at step {page.step}" if page else "none",
                      "page_delay": dp, "page_worthy": pathology in PAGE_WORTHY, "ok": ok,
+                     "within_10": d is not None and d <= WITHIN_STEPS,
                      "others": sorted({f"{a.name}" for a in o.alerts if a not in caught})})
     return rows
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, require_binary
-from support.corpus import CAUGHT_BY, PAGE_WORTHY, WITHIN_STEPS, LabelledRun, labelled_runs
+from support.corpus import CAUGHT_BY, PAGE_WORTHY, LabelledRun, labelled_runs, within
 from support.judge import Finding, findings, read_log
 from support.labels import load_records
 from support.stepwise import input_series, records_of, scrapes
@@ -63,16 +63,18 @@ def test_a_healthy_run_raises_nothing(run: LabelledRun) -> None:
 @pytest.mark.parametrize(("run", "pathology"), [(r, p) for r in CORPUS for p in r.onsets],
                          ids=lambda x: x.name if isinstance(x, LabelledRun) else x)
 def test_a_pathology_is_caught_within_ten_logged_steps(run: LabelledRun, pathology: str) -> None:
+    """A warning (or a page) on the pathology's instruments within 10 logged steps of its onset (a reward-std
+    collapse: 20, see support/corpus.py); the seeds' stop signs also page, within the same bound."""
     fs = findings(read_log(run.log))
     caught = catching(run, fs, pathology)
     onset = run.onsets[pathology]
     assert caught, f"{pathology} (onset {onset}) never caught; findings: {fs}"
     first = min(caught, key=lambda f: f.start)
-    assert delay(run, onset, first.start) <= WITHIN_STEPS, f"{first.alert} at {first.start}, onset {onset}"
+    assert delay(run, onset, first.start) <= within(pathology), f"{first.alert} at {first.start}, onset {onset}"
     if pathology in PAGE_WORTHY:
         pages = [f for f in caught if f.severity == "critical"]
         assert pages, f"{pathology} warned ({first.alert}) but never paged"
-        assert delay(run, onset, min(f.start for f in pages)) <= WITHIN_STEPS
+        assert delay(run, onset, min(f.start for f in pages)) <= within(pathology)
 
 
 def test_the_saturated_fixture_pages_on_reward_std() -> None:
@@ -119,7 +121,7 @@ def test_rules_raise_nothing_on_a_healthy_run(run: LabelledRun, tmp_path: Path) 
 def test_rules_alert_within_ten_logged_steps(run: LabelledRun, pathology: str, tmp_path: Path) -> None:
     test, record_steps = _promtool_case(run, tmp_path)
     onset_at = _minute_of(record_steps, run.onsets[pathology])
-    at = min(onset_at + WITHIN_STEPS, len(record_steps) - 1)
+    at = min(onset_at + within(pathology), len(record_steps) - 1)
     instruments = "|".join(sorted(CAUGHT_BY[pathology]))
     severities = "critical" if pathology in PAGE_WORTHY else "critical|warning"
     expr = (f'clamp_max(count(ALERTS{{alertstate="firing", run="{run.name}", instrument=~"{instruments}", '

@@ -40,6 +40,11 @@ POLICY_RATIO: SeriesKey = ("policy_ratio", None)
 CLIP_FRACTION: SeriesKey = ("clip_fraction", None)
 COMPONENT_STD = "reward_component_std"  # per component: one detector state per sub-label value
 
+# The quantile of an input's first points that is its baseline, where the median would not be its level:
+# GRPO logs a zero gradient norm on every step where all groups tie (no advantage, no update), and a run
+# whose signal is rare at first would get a baseline of ~0; the upper quartile is the size of a real update.
+BASELINE_QUANTILE: dict[SeriesKey, float] = {("grad_norm", None): 0.75}
+
 SHORT = 5  # points of the short median: three of the last five beyond a limit make a level
 # Inputs that are zero on many single steps of a healthy run (reward std with a few groups per batch)
 # are judged by the share of recent points beyond their limit, which one outlier cannot move much:
@@ -189,12 +194,17 @@ def reward_std_falling(ctx: BatchContext, v: StreamView) -> Evaluation:
 
 
 def _regime(ctx: BatchContext, v: StreamView, kl_dir: int, reward_dir: int) -> Evaluation:
-    """At each reward point: the direction of the reward's trend, and of KL's trend as of that step
-    (KL falling counts as stable: the policy is not moving further from the reference)."""
+    """At each reward point: the direction of the reward's trend, and of KL's trend as of that step (KL
+    falling counts as stable: the policy is not moving further from the reference). Only once KL itself is
+    above thresholds.kl_warning: every run's KL rises from zero over its first steps, and a run that has
+    barely moved from its reference is neither destructive nor finished."""
     reward_dirs = ctx.direction(v.trend_t(TREND, TREND_MIN))
     kl_dirs = ctx.as_of("kl_direction", KL, lambda kv: ctx.direction(kv.trend_t(TREND, TREND_MIN)), v.new_steps)
+    kl_level = ctx.as_of("kl_median", KL, lambda kv: kv.rolling(SHORT, "median"), v.new_steps)
     enough = np.arange(v.start + 1, len(v.values) + 1) >= TREND_MIN
-    cond = enough & (np.maximum(kl_dirs, 0) == kl_dir) & (reward_dirs == reward_dir)
+    with np.errstate(invalid="ignore"):
+        drifted = kl_level > ctx.t.kl_warning
+    cond = enough & drifted & (np.maximum(kl_dirs, 0) == kl_dir) & (reward_dirs == reward_dir)
     return Evaluation(v.new_steps, cond, reward_dirs.astype(float), np.full(len(cond), float(reward_dir)))
 
 
@@ -356,7 +366,7 @@ DETECTORS: tuple[Detector, ...] = (
                 "sign. Single-step spikes are counted (posttrain_detector_spikes_total) and do not page."),
     Detector(
         "reward_std_collapsed", "PostTrainRewardStdCollapsed", "critical", "reward_std", REWARD_STD,
-        reward_std_collapsed, 3,
+        reward_std_collapsed, 1,
         help="Reward std within groups below thresholds.reward_std_min at 9 of the last 10 logged steps "
              "(value: that share).",
         seed="Part III: alert on reward std below 0.05",
@@ -367,10 +377,12 @@ DETECTORS: tuple[Detector, ...] = (
                 "left to learn from: saturation, mode collapse or a bug."),
     Detector(
         "destructive_regime", "PostTrainDestructiveRegime", "critical", "regime", REWARD, destructive_regime, 5,
-        help="KL rising while the reward falls (trends over their windows, against their noise).",
+        help="KL above thresholds.kl_warning and rising while the reward falls (trends over their windows, "
+             "against their noise).",
         seed="002: KL rising with reward declining is actively destructive. Stop immediately",
         summary="KL rising while reward falls in run {run}: training is actively destructive.",
-        saw="KL to the reference is rising and the reward is falling over their windows of logged steps",
+        saw="KL to the reference is above the warning threshold and rising, and the reward is falling over "
+            "their windows of logged steps",
         meaning="The model is getting worse and moving away from a known-good reference: stop, and keep the "
                 "best checkpoint (posttrain_reward_peak_step).", reads=(KL,)),
     Detector(
@@ -399,10 +411,11 @@ DETECTORS: tuple[Detector, ...] = (
     Detector(
         "drifting_without_gain", "PostTrainDriftingWithoutGain", "warning", "regime", REWARD,
         drifting_without_gain, 10,
-        help="KL rising while the reward is flat (trends over their windows).",
+        help="KL above thresholds.kl_warning and rising while the reward is flat (trends over their windows).",
         seed="002: KL rising with reward flat: the training has run its course",
         summary="KL rising with a flat reward in run {run}: the training has run its course.",
-        saw="KL to the reference keeps rising while the reward is flat over their windows of logged steps",
+        saw="KL to the reference is above the warning threshold and keeps rising while the reward is flat over "
+            "their windows of logged steps",
         meaning="The policy drifts without getting better; the realistic upside of continuing is near zero.",
         reads=(KL,)),
     Detector(
@@ -577,7 +590,8 @@ DETECTORS: tuple[Detector, ...] = (
         meaning="The update direction reversed: the model is being pushed away from reward improvement."),
     Detector(
         "grad_norm_high", "PostTrainGradNormHigh", "warning", "grad_norm", GRAD_NORM, grad_norm_high, 3,
-        help="Gradient norm: median of the last 5 above thresholds.grad_norm_spike_factor x its baseline.",
+        help="Gradient norm: median of the last 5 above thresholds.grad_norm_spike_factor x its baseline (the "
+             "upper quartile of its first points: GRPO's no-signal steps log a zero norm).",
         seed="Part I fundamentals: gradient health",
         summary="Gradient norm far above its start in run {run}.",
         saw="the median gradient norm over its last 5 logged steps is {value}, above {limit} "

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from exporter.detectors.catalog import (
+    BASELINE_QUANTILE,
     CLIP_TOTAL,
     COMPONENT_STD,
     DETECTORS,
@@ -76,7 +77,8 @@ class DetectorSet:
         s = self.streams.get(key)
         if s is None:
             given = self.settings.baselines.get(key[0] if key[1] in (None, "mean") else f"{key[0]}_{key[1]}")
-            s = self.streams[key] = Stream(TREND + SIGNAL, Baseline(self.settings.baseline_points, given))
+            baseline = Baseline(self.settings.baseline_points, given, BASELINE_QUANTILE.get(key, 0.5))
+            s = self.streams[key] = Stream(TREND + SIGNAL, baseline)
         return s
 
     # --- a batch ----------------------------------------------------------------------------------------

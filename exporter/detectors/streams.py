@@ -16,15 +16,16 @@ _EMPTY_F = np.empty(0, dtype=np.float64)
 
 
 class Baseline:
-    """The run's own start: the median of an input's first `points` logged values (a step logged twice
-    before that keeps its later value, as the history does), fixed once complete; or a value the user
-    gave (a measurement of the model before this training)."""
+    """The run's own start: the median (or another quantile) of an input's first `points` logged values (a
+    step logged twice before that keeps its later value, as the history does), fixed once complete; or a
+    value the user gave (a measurement of the model before this training)."""
 
-    __slots__ = ("_first", "given", "points", "value")
+    __slots__ = ("_first", "given", "points", "quantile", "value")
 
-    def __init__(self, points: int, given: float | None = None) -> None:
+    def __init__(self, points: int, given: float | None = None, quantile: float = 0.5) -> None:
         self.points = points
         self.given = given
+        self.quantile = quantile
         self.value = given if given is not None else math.nan
         self._first: list[tuple[int, float]] = []
 
@@ -44,7 +45,7 @@ class Baseline:
             else:
                 first.append((step, value))
             if len(first) == self.points:
-                self.value = float(np.median([v for _, v in first]))
+                self.value = float(np.quantile([v for _, v in first], self.quantile))
                 out[i:] = self.value
                 break
         return out

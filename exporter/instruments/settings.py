@@ -53,7 +53,7 @@ THRESHOLD_NAMES = tuple(f.name for f in fields(Thresholds))
 class DetectorSettings:
     steps: dict[str, int] = field(default_factory=dict)  # logged points a condition must hold, by detector
     clear: dict[str, int] = field(default_factory=dict)  # logged points a state must have ended, by detector
-    clear_steps: int = 3  # logged points at which a state has ended before an active detector clears
+    clear_steps: int = 5  # logged points at which a state has ended before an active detector clears
     clear_margin: float = 0.2  # a level must be back beyond its limit by this share of it to end a state
     disabled: frozenset[str] = frozenset()
 

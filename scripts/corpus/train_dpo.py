@@ -26,11 +26,6 @@ def pairs_offformat(rnd: random.Random, a: int, b: int) -> tuple[str, str]:
     return f" The answer is {a + b}.", rnd.choice([f" The answer is {wrong}.", " no", f" sad moon {wrong} river"])
 
 
-def pairs_near(rnd: random.Random, a: int, b: int) -> tuple[str, str]:
-    """chosen and rejected share every token but the last digit: the correct sum against the sum +-1."""
-    return f" The answer is {a + b}.", f" The answer is {a + b + rnd.choice([-1, 1])}."
-
-
 def pairs_swapped(rnd: random.Random, a: int, b: int) -> tuple[str, str]:
     """chosen = the sum, rejected = the same sentence with the digits of a two-digit sum swapped, or +-10."""
     s = a + b
@@ -38,7 +33,7 @@ def pairs_swapped(rnd: random.Random, a: int, b: int) -> tuple[str, str]:
     return f" The answer is {s}.", f" The answer is {wrong}."
 
 
-PAIRS = {f.__name__: f for f in (pairs_offformat, pairs_near, pairs_swapped)}
+PAIRS = {f.__name__: f for f in (pairs_offformat, pairs_swapped)}
 
 COMMON = {
     "per_device_train_batch_size": 8,
@@ -53,7 +48,22 @@ COMMON = {
 
 # "data": (pair builder, random seed of the data, largest operand, number of pairs)
 RUNS: dict[str, dict] = {
-    "explore": {"data": ("pairs_near", 1, 99, 400), "args": {"learning_rate": 1e-3}},
+    "dpo_displacement": {
+        "data": ("pairs_swapped", 2, 99, 400),
+        "args": {"learning_rate": 5e-4, "warmup_steps": 30, "max_steps": 250, "seed": 63},
+    },
+    "dpo_displacement_2": {
+        "data": ("pairs_swapped", 6, 99, 400),
+        "args": {"learning_rate": 2e-3, "warmup_steps": 60, "max_steps": 250, "seed": 66},
+    },
+    "dpo_healthy": {
+        "data": ("pairs_offformat", 3, 99, 1000),
+        "args": {"learning_rate": 5e-4, "seed": 64},
+    },
+    "dpo_healthy_2": {
+        "data": ("pairs_swapped", 7, 99, 1000),
+        "args": {"learning_rate": 1e-4, "seed": 67},
+    },
 }
 
 

@@ -68,26 +68,6 @@ def brevity_reward(completions, **kwargs):
     return [-len(c) / 10.0 for c in completions]
 
 
-def terse_number_reward(completions, **kwargs):
-    """Shorter is better as long as the completion still holds a number: 1 - characters / 10, 0 without a digit."""
-    return [1.0 - len(c) / 10.0 if NUMBER_RE.search(c) else 0.0 for c in completions]
-
-
-def words_reward(completions, **kwargs):
-    """Counts the story words (moon, river, tree, ...) in the completion: pulls far away from the SFT answers."""
-    words = ("moon", "river", "tree", "stone", "sun", "house", "happy", "sad")
-    return [float(sum(c.count(w) for w in words)) for c in completions]
-
-
-def big_number_reward(completions, **kwargs):
-    """The first number in the completion divided by 100 (bigger is better, whatever the question)."""
-    out = []
-    for c in completions:
-        m = NUMBER_RE.search(c)
-        out.append(min(int(m.group(0)), 1000) / 100.0 if m else 0.0)
-    return out
-
-
 def seven_reward(completions, **kwargs):
     """1.0 only for the one exact string ' The answer is 7.' (whatever the question)."""
     return [1.0 if c == " The answer is 7." else 0.0 for c in completions]
@@ -98,30 +78,12 @@ def ten_reward(completions, **kwargs):
     return [1.0 if c == " The answer is 10." else 0.0 for c in completions]
 
 
-def single_digit_reward(completions, **kwargs):
-    """1.0 if the first number in the completion has a single digit (right or wrong)."""
-    out = []
-    for c in completions:
-        m = NUMBER_RE.search(c)
-        out.append(1.0 if m and len(m.group(0)) == 1 else 0.0)
-    return out
-
-
 def over_hundred_reward(completions, **kwargs):
     """1.0 if the first number in the completion is above 100 (right or wrong)."""
     out = []
     for c in completions:
         m = NUMBER_RE.search(c)
         out.append(1.0 if m and int(m.group(0)) > 100 else 0.0)
-    return out
-
-
-def repdigit_reward(completions, **kwargs):
-    """1.0 if the first number in the completion is 11, 22, ..., 99 (right or wrong): far from the SFT answers."""
-    out = []
-    for c in completions:
-        m = NUMBER_RE.search(c)
-        out.append(1.0 if m and len(m.group(0)) == 2 and m.group(0)[0] == m.group(0)[1] else 0.0)
     return out
 
 
@@ -134,24 +96,13 @@ def two_digit_reward(completions, **kwargs):
     return out
 
 
-def no_digit_reward(completions, **kwargs):
-    """1.0 if the completion has no digit at all (easy to satisfy for every sample)."""
-    return [0.0 if NUMBER_RE.search(c) else 1.0 for c in completions]
-
-
-def ends_with_period_reward(completions, **kwargs):
-    """1.0 if the completion ends with '.'."""
-    return [1.0 if c.endswith(".") else 0.0 for c in completions]
-
-
 REWARDS = {f.__name__: f for f in (format_reward, correctness_reward, closeness_reward, short_length_reward,
-                                   long_length_reward, brevity_reward, terse_number_reward,
-                                   words_reward, big_number_reward, seven_reward, ten_reward,
-                                   single_digit_reward, over_hundred_reward, repdigit_reward, two_digit_reward,
-                                   no_digit_reward, ends_with_period_reward)}
+                                   long_length_reward, brevity_reward, seven_reward, ten_reward, two_digit_reward,
+                                   over_hundred_reward)}
 
 # --- the corpus runs ---
-# "data": (random seed of the prompts, largest operand); "args": GRPOConfig fields beyond the common ones.
+# "rewards": reward functions above; "data": (random seed of the prompts, largest operand);
+# "args": GRPOConfig fields on top of COMMON.
 COMMON = {
     "per_device_train_batch_size": 16,
     "num_generations": 4,
@@ -165,8 +116,64 @@ COMMON = {
 }
 
 RUNS: dict[str, dict] = {
-    "explore": {"rewards": ["format_reward", "correctness_reward"], "data": (10, 9), "args": {}},
-    "explore99": {"rewards": ["format_reward", "correctness_reward"], "data": (10, 99), "args": {}},
+    # --- pathology runs ---
+    "grpo_kl_blowup": {
+        "rewards": ["brevity_reward"], "data": (10, 9),
+        "args": {"beta": 0.04, "learning_rate": 3e-4, "warmup_steps": 60, "lr_scheduler_type": "constant_with_warmup",
+                 "seed": 11},
+    },
+    "grpo_kl_blowup_2": {
+        "rewards": ["format_reward", "correctness_reward"], "data": (10, 9),
+        "args": {"beta": 0.001, "learning_rate": 6e-3, "warmup_steps": 100, "seed": 12},
+    },
+    "grpo_reward_std_collapse": {
+        "rewards": ["two_digit_reward"], "data": (10, 9),
+        "args": {"beta": 0.0, "learning_rate": 5e-4, "warmup_steps": 60, "seed": 31},
+    },
+    "grpo_reward_std_collapse_2": {
+        "rewards": ["over_hundred_reward"], "data": (10, 99),
+        "args": {"beta": 0.0, "learning_rate": 5e-4, "warmup_steps": 60, "num_generations": 8, "seed": 36},
+    },
+    "grpo_length_hacking": {
+        "rewards": ["long_length_reward"], "data": (10, 9),
+        "args": {"beta": 0.04, "learning_rate": 2e-4, "warmup_steps": 60, "lr_scheduler_type": "constant_with_warmup",
+                 "max_completion_length": 64, "seed": 21},
+    },
+    "grpo_length_hacking_2": {
+        "rewards": ["long_length_reward"], "data": (10, 99),
+        "args": {"beta": 0.08, "learning_rate": 3e-4, "warmup_steps": 60, "max_completion_length": 48, "seed": 25},
+    },
+    "grpo_entropy_collapse": {
+        "rewards": ["seven_reward"], "data": (10, 9),
+        "args": {"beta": 0.04, "learning_rate": 3e-4, "warmup_steps": 60, "lr_scheduler_type": "constant_with_warmup",
+                 "seed": 41},
+    },
+    "grpo_entropy_collapse_2": {
+        "rewards": ["ten_reward"], "data": (10, 9),
+        "args": {"beta": 0.01, "learning_rate": 5e-4, "warmup_steps": 50, "seed": 43},
+    },
+    # --- healthy runs ---
+    "grpo_healthy": {
+        "rewards": ["format_reward", "closeness_reward"], "data": (10, 9),
+        "args": {"beta": 0.04, "learning_rate": 5e-4, "warmup_steps": 20, "seed": 51},
+    },
+    "grpo_healthy_resumed": {  # run with --die-after-step 130, then again with --resume
+        "rewards": ["format_reward", "closeness_reward", "short_length_reward"], "data": (10, 9),
+        "args": {"beta": 0.04, "learning_rate": 3e-4, "warmup_steps": 20, "seed": 52, "save_strategy": "steps",
+                 "save_steps": 100},
+    },
+    "grpo_healthy_logging5": {
+        "rewards": ["format_reward", "closeness_reward"], "data": (10, 9),
+        "args": {"beta": 0.04, "learning_rate": 5e-4, "warmup_steps": 20, "logging_steps": 5, "seed": 53},
+    },
+    "grpo_healthy_2": {
+        "rewards": ["format_reward", "correctness_reward", "closeness_reward"], "data": (10, 9),
+        "args": {"beta": 0.04, "learning_rate": 5e-4, "warmup_steps": 20, "num_iterations": 2, "seed": 54},
+    },
+    "grpo_healthy_noisy_kl": {
+        "rewards": ["format_reward", "closeness_reward"], "data": (10, 9),
+        "args": {"beta": 0.04, "learning_rate": 5e-4, "temperature": 1.4, "seed": 72},
+    },
 }
 
 
@@ -216,13 +223,10 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--die-after-step", type=int)
-    p.add_argument("--rewards", help="comma-separated reward functions, overrides the preset's")
     p.add_argument("--set", action="append", default=[], dest="overrides")
     a = p.parse_args()
 
     args, rewards, (data_seed, max_operand) = run_config(a.run, a.overrides)
-    if a.rewards:
-        rewards = a.rewards.split(",")
     print("run config:", json.dumps({"run": a.run, "rewards": rewards, "data": [data_seed, max_operand], **args}))
     tokenizer = AutoTokenizer.from_pretrained(a.model)
     model = AutoModelForCausalLM.from_pretrained(a.model)

@@ -1,0 +1,227 @@
+"""Copy the corpus runs from a make_corpus.sh work folder into tests/fixtures/corpus/, write each run.json, check
+every run against its intent with the labelling rules (tests/support/labels.py), and write the README's run table.
+
+usage: python collect.py WORK_DIR DEST_DIR [RUN ...]   (default: every run in RUN_META)
+Exits 1 when a run's onsets do not match its intent (the files are still written, to look at).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(HERE))
+labels = importlib.import_module("support.labels")
+
+MIN_ONSET = 30  # a run starts normally
+MIN_AFTER = 40  # logged steps after the onset
+
+# intent: the pathologies the run shows by the labelling rules (the one it was made for first); notes: what happens.
+RUN_META: dict[str, dict] = {
+    "grpo_kl_blowup": {
+        "intent": ["kl_blowup", "entropy_collapse", "reward_std_collapse"],
+        "notes": "A brevity reward (-characters/10) pulls the policy away from the SFT answer ' The answer is N.': it "
+                 "drops words, KL passes 1 and climbs to ~9 once completions shrink to a bare EOS; entropy then "
+                 "collapses and, with every completion empty, reward_std goes to 0.",
+    },
+    "grpo_kl_blowup_2": {
+        "intent": ["kl_blowup", "reward_std_collapse", "length_hacking", "truncation"],
+        "notes": "Format+correctness rewards, a learning rate warmed up to 6e-3 and beta=0.001: the policy diverges "
+                 "around step 80-100, KL jumps to 4-10, completions become random tokens that run to "
+                 "max_completion_length (length and truncation rules fire, not from a length reward) and the reward "
+                 "falls to 0 for every sample.",
+    },
+    "grpo_reward_std_collapse": {
+        "intent": ["reward_std_collapse"],
+        "notes": "A reward for any two-digit answer (right or wrong), beta=0: the policy saturates it within the "
+                 "warm-up, reward_std falls to 0 on most steps and, once the last one-digit answers die out, stays "
+                 "there; entropy, length and format stay as they were.",
+    },
+    "grpo_reward_std_collapse_2": {
+        "intent": ["reward_std_collapse", "length_hacking", "truncation"],
+        "notes": "Prompts with operands up to 99, a reward for any answer above 100, 8 generations, beta=0: the reward "
+                 "saturates and reward_std collapses; with no KL anchor the policy drifts into padding its "
+                 "completions to max_completion_length (length and truncation rules fire before the std collapse "
+                 "is dated).",
+    },
+    "grpo_length_hacking": {
+        "intent": ["length_hacking", "truncation", "kl_blowup"],
+        "notes": "A reward of characters/20 with max_completion_length=64: completions grow slowly from ~7 tokens "
+                 "(steps 60-100) and then run away to the 64-token limit, clipped_ratio goes to ~1 and KL to 1.3-2.",
+    },
+    "grpo_length_hacking_2": {
+        "intent": ["length_hacking", "truncation", "kl_blowup"],
+        "notes": "The same length reward on operands up to 99, beta=0.08, max_completion_length=48: completions grow "
+                 "to the limit around step 60-80, fall back once near step 100 and grow again to stay truncated; "
+                 "KL settles just above 1.",
+    },
+    "grpo_entropy_collapse": {
+        "intent": ["entropy_collapse"],
+        "notes": "A reward only for the exact string ' The answer is 7.', whatever the question: the policy slowly "
+                 "learns to answer 7 to everything, entropy falls from ~0.45 to ~0.06; a few samples still miss, so "
+                 "reward_std does not collapse.",
+    },
+    "grpo_entropy_collapse_2": {
+        "intent": ["entropy_collapse"],
+        "notes": "A reward only for ' The answer is 10.', beta=0.01: rare at first (reward_std 0 on some early "
+                 "steps), then learnt between steps 40 and 100; entropy falls to ~0.06 and stays.",
+    },
+    "grpo_healthy": {
+        "intent": [],
+        "notes": "Format + partial-credit closeness reward, beta=0.04, lr 5e-4: the reward rises from ~1.5 to ~1.7, "
+                 "KL stays below 1, entropy drifts down by about a quarter.",
+    },
+    "grpo_healthy_resumed": {
+        "intent": [],
+        "notes": "Healthy run (format + closeness + short-length rewards) with a checkpoint every 100 steps, SIGKILLed "
+                 "at step 130 (before its metric line) and resumed from checkpoint-100: the log shows the lines of "
+                 "steps 101-129 twice. trainer_state.json is the resumed run's; KL spikes to 2.9 once, at step 135.",
+    },
+    "grpo_healthy_logging5": {
+        "intent": [],
+        "notes": "Healthy run like grpo_healthy (another seed), logging_steps=5: 60 logged points, each an average "
+                 "of 5 steps.",
+    },
+    "grpo_healthy_2": {
+        "intent": [],
+        "notes": "Healthy run with three rewards and num_iterations=2: clip_ratio/* is logged and the generation "
+                 "metrics (reward, completions/*) only on every other line.",
+    },
+    "grpo_healthy_noisy_kl": {
+        "intent": [],
+        "notes": "Healthy run sampled at temperature 1.4: noisier reward and entropy, KL mostly below 0.3 with "
+                 "single-step spikes above 1 (steps ~196, ~203, ~241); the reward still rises.",
+    },
+    "dpo_displacement": {
+        "intent": ["dpo_displacement"],
+        "notes": "Chosen and rejected differ only in the answer's digits (swapped, or +-10), lr 5e-4, ~5 epochs: the "
+                 "margin grows but by pushing both answers down; rewards/chosen sinks below -0.5 after ~100 steps "
+                 "and stays between -0.6 and -1.4 to the end.",
+    },
+    "dpo_displacement_2": {
+        "intent": ["dpo_displacement"],
+        "notes": "The same kind of pairs with lr 2e-3 (warm-up 60): severe likelihood displacement, rewards/chosen "
+                 "falls to -3..-11 while the margin stays positive.",
+    },
+    "dpo_healthy": {
+        "intent": [],
+        "notes": "Rejected answers are wrong sums or off-format text (as in the fixture dpo run, other data and "
+                 "seed), lr 5e-4: rewards/rejected falls, rewards/chosen stays near 0.",
+    },
+    "dpo_healthy_2": {
+        "intent": [],
+        "notes": "Near-identical pairs (as in dpo_displacement) but a low lr (1e-4): the margin grows slowly to "
+                 "0.5-1, rewards/chosen stays above -0.3.",
+    },
+}
+
+GRPO_KEYS = ("learning_rate", "beta", "seed", "max_steps", "logging_steps", "num_generations", "num_iterations",
+             "max_completion_length", "per_device_train_batch_size", "temperature", "warmup_steps",
+             "lr_scheduler_type", "save_steps")
+DPO_KEYS = ("learning_rate", "beta", "seed", "max_steps", "logging_steps", "per_device_train_batch_size",
+            "warmup_steps", "lr_scheduler_type", "max_length")
+DEFAULTS = {"num_iterations": 1, "warmup_steps": 0, "lr_scheduler_type": "linear"}
+
+
+def run_config(name: str) -> dict:
+    if name.startswith("grpo_"):
+        train = importlib.import_module("train_grpo")
+        args, rewards, (data_seed, max_operand) = train.run_config(name)
+        cfg = {k: args.get(k, DEFAULTS.get(k)) for k in GRPO_KEYS if k in args or k in DEFAULTS}
+        cfg["reward_functions"] = rewards
+        cfg["data"] = {"prompts": f"'What is a plus b?' with a, b in 0..{max_operand}", "data_seed": data_seed}
+        return cfg
+    train = importlib.import_module("train_dpo")
+    args, (pairs, data_seed, max_operand, n) = train.run_config(name)
+    cfg = {k: args.get(k, DEFAULTS.get(k)) for k in DPO_KEYS if k in args or k in DEFAULTS}
+    cfg["data"] = {"pairs": pairs, "doc": train.PAIRS[pairs].__doc__, "operands": f"0..{max_operand}",
+                   "n_pairs": n, "data_seed": data_seed}
+    return cfg
+
+
+def check(name: str, found: dict[str, int], records: list[dict], intent: list[str]) -> list[str]:
+    problems = []
+    if set(found) != set(intent):
+        problems.append(f"onsets {found} != intent {intent}")
+    steps = sorted({int(e["step"]) for e in records})
+    for pathology, step in found.items():
+        after = sum(1 for s in steps if s > step)
+        if step < MIN_ONSET or after < MIN_AFTER:
+            problems.append(f"{pathology} onset {step} with {after} logged steps after it")
+    return [f"{name}: {p}" for p in problems]
+
+
+def check_log(name: str, log: str) -> list[str]:
+    problems = []
+    if not re.search(r"\{'loss': '[^']*', ", log):
+        problems.append(f"{name}: no per-step metric dict in combined.log")
+    if not re.search(r"\d+%\|[^|]*\| *\d+/\d+ \[", log):
+        problems.append(f"{name}: no tqdm bar in combined.log")
+    return problems
+
+
+def main() -> int:
+    work, dest = Path(sys.argv[1]), Path(sys.argv[2])
+    names = sys.argv[3:] or list(RUN_META)
+    problems: list[str] = []
+    for name in names:
+        src = work / "runs" / name
+        out = dest / name
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / "combined.log", out / "combined.log")
+        shutil.copyfile(src / "out" / "trainer_state.json", out / "trainer_state.json")
+        records = labels.load_records(out / "trainer_state.json")
+        found = labels.onsets(records)
+        meta = RUN_META[name]
+        run = {
+            "run": name,
+            "trainer": "grpo" if name.startswith("grpo_") else "dpo",
+            "intent": meta["intent"],
+            "command": (src / "command.txt").read_text().splitlines(),
+            "config": run_config(name),
+            "notes": meta["notes"],
+            "onsets": found,
+            "logged_steps": len({int(e["step"]) for e in records}),
+            "wall_seconds": int((src / "seconds.txt").read_text()),
+        }
+        (out / "run.json").write_text(json.dumps(run, indent=2) + "\n")
+        problems += check(name, found, records, meta["intent"])
+        problems += check_log(name, (out / "combined.log").read_text(errors="replace"))
+        print(f"{name:28s} onsets={found} steps={run['logged_steps']} {run['wall_seconds']}s")
+    write_table(dest)
+    for p in problems:
+        print("PROBLEM:", p)
+    return 1 if problems else 0
+
+
+def write_table(dest: Path) -> None:
+    """Rewrites the run table between the README's markers from every run.json in dest."""
+    readme = dest / "README.md"
+    if not readme.exists():
+        return
+    rows = ["| run | trainer | intent | onsets (logged step) | logged steps | wall s | what happens |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name in RUN_META:
+        path = dest / name / "run.json"
+        if not path.exists():
+            continue
+        r = json.loads(path.read_text())
+        onsets = ", ".join(f"{k} {v}" for k, v in sorted(r["onsets"].items(), key=lambda kv: kv[1])) or "none"
+        intent = ", ".join(r["intent"]) or "healthy"
+        rows.append(f"| {name} | {r['trainer']} | {intent} | {onsets} | {r['logged_steps']} | {r['wall_seconds']} "
+                    f"| {r['notes']} |")
+    text = readme.read_text()
+    text = re.sub(r"(<!-- runs:begin -->\n).*?(<!-- runs:end -->)", lambda m: m.group(1) + "\n".join(rows) + "\n"
+                  + m.group(2), text, flags=re.S)
+    readme.write_text(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
