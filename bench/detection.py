@@ -108,6 +108,7 @@ class Alert:
     first: float  # unix time it first fired
     step: int  # the run's step then
     episodes: int  # separate firing periods
+    last_step: int  # the run's step when it last fired
 
 
 @dataclass
@@ -128,8 +129,9 @@ def firing(stack: Stack, start: float, end: float, step: float) -> list[Alert]:
         periods = 1 + sum(1 for a, b in itertools.pairwise(times) if b - a > 1.5 * step)
         run_steps = steps.get(m.get("run", ""), [])
         at = [v for t, v in run_steps if t <= times[0]]
+        last = [v for t, v in run_steps if t <= times[-1]]
         out.append(Alert(m.get("run", ""), m["alertname"], m["severity"], m.get("instrument", ""), times[0],
-                         int(at[-1]) if at else -1, periods))
+                         int(at[-1]) if at else -1, periods, int(last[-1]) if last else -1))
     return out
 
 
@@ -149,7 +151,9 @@ def verdicts(o: Outcome) -> list[dict]:
                      "ok": not o.alerts})
         return rows
     for pathology, onset in sorted(o.run.onsets.items(), key=lambda kv: kv[1]):
-        caught = sorted((a for a in o.alerts if a.instrument in CAUGHT_BY[pathology]), key=lambda a: a.first)
+        # alerts on the pathology's instruments still firing at its onset or later (not one long resolved)
+        caught = sorted((a for a in o.alerts if a.instrument in CAUGHT_BY[pathology] and a.last_step >= onset),
+                        key=lambda a: a.first)
         pages = [a for a in caught if a.severity == "critical"]
         first, page = (caught[0] if caught else None), (pages[0] if pages else None)
         d = logged_delay(o.run, onset, first.step) if first else None
@@ -176,8 +180,9 @@ def table(rows: list[dict]) -> str:
         page = r["page"] if r["page_worthy"] or r["page"] != "none" else "(warning expected)"
         pd = "" if r["page_delay"] is None else r["page_delay"]
         d = "" if r["delay"] is None else r["delay"]
+        ok = "NO" if not r["ok"] else "yes" if r["within_10"] else f"yes (<= {within(r['pathology'])})"
         lines.append(f"| {r['run']} | {r['pathology']} ({r['onset']}) | {r['first']} | {d} | {page} | {pd} | "
-                     f"{', '.join(r['others']) or ''} | {'yes' if r['ok'] else 'NO'} |")
+                     f"{', '.join(r['others']) or ''} | {ok} |")
     return "\n".join(lines)
 
 
@@ -263,7 +268,9 @@ def main() -> int:
     rows = [row for o in outcomes for row in verdicts(o)]
     pages = {o.run.name: o.notified.get("pager", []) for o in outcomes}
     text = table(rows)
-    summary = (f"{sum(r['ok'] for r in rows)} of {len(rows)} rows as required; "
+    sick = [r for r in rows if r["pathology"] != "healthy"]
+    summary = (f"{sum(r['ok'] for r in rows)} of {len(rows)} rows as required; {sum(r['within_10'] for r in sick)} "
+               f"of {len(sick)} pathologies caught within {WITHIN_STEPS} logged steps; "
                f"{sum(len(r['alerts']) for r in rows if r['pathology'] == 'healthy')} alerts on "
                f"{sum(r['pathology'] == 'healthy' for r in rows)} healthy runs.")
     print(text)
