@@ -1,4 +1,5 @@
-"""Command line: `serve` (the sidecar), `dump` (read logs once, print the exposition), `demo`."""
+"""Command line: `serve` (the sidecar), `dump` (read logs once, print the exposition), `report` (judge finished
+runs), `demo`."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
 from exporter import __version__
+from exporter.alerting.rules import RUNBOOK_BASE
 from exporter.app import Exporter, ReaderInput
 from exporter.config import DEFAULT_LISTEN, Config, ConfigError, LogSpec, default_run_name, load_config
 from exporter.config import parse_listen_address as _parse_listen
@@ -19,6 +22,8 @@ from exporter.exposition.collector import ExporterCollector
 from exporter.exposition.server import build_app, serve_http
 from exporter.gpu import GpuCollector, GpuSampler, SamplerConfig
 from exporter.parsers.chain import BUILTIN_FORMATS, FILE_FORMATS
+from exporter.report.command import FAIL_ON, run_report
+from exporter.report.command import FORMATS as REPORT_FORMATS
 from exporter.sources.replay import ReplayReader, demo_log_text
 
 PROG = "posttrain-exporter"
@@ -56,6 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--run", help="run label (default: the file's stem)")
     d.add_argument("--format", default="auto", help=f"pin the line format ({', '.join(formats)})")
     d.add_argument("--no-gpu", action="store_true", help="leave out the GPU families (one NVML poll otherwise)")
+
+    r = sub.add_parser("report", help="read logs to their end and judge each run with the alerts' detectors")
+    r.add_argument("paths", nargs="+", metavar="LOG", help="log file(s) or trainer_state.json; '-': standard input")
+    r.add_argument("--config", help="YAML config file (the run's thresholds and detector settings)")
+    r.add_argument("--run", help="run label (default: the file's stem)")
+    r.add_argument("--format", dest="out_format", choices=REPORT_FORMATS, default="text", help="text (default), "
+                   "json (one object: {\"runs\": [...]}) or html (one self-contained page with charts)")
+    r.add_argument("--out", type=Path, help="write to this file instead of standard output")
+    r.add_argument("--fail-on", choices=FAIL_ON, help="exit 1 when a run has a finding of this severity or worse")
+    r.add_argument("--runbook-base", default=RUNBOOK_BASE, help="the runbooks' URL the findings link to")
 
     m = sub.add_parser("demo", help="replay a bundled real TRL GRPO log at an accelerated pace and serve /metrics")
     m.add_argument("--listen-address", default=DEFAULT_LISTEN, help=f"HOST:PORT (default {DEFAULT_LISTEN})")
@@ -118,6 +133,15 @@ def cmd_dump(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    specs = _specs(cfg, args.paths, args.run, "auto")
+    for s in specs:
+        if s.path != "-" and not Path(s.path).is_file():
+            raise UsageError(f"cannot read log {s.path}: no such file")
+    return run_report(cfg, specs, args.out_format, args.out, args.fail_on, args.runbook_base)
+
+
 def _serve(exporter: Exporter, listen: str, loop, gpu: GpuSampler | None = None) -> int:
     host, port, _ = _parse_listen(listen)
     try:
@@ -175,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        return {"serve": cmd_serve, "dump": cmd_dump, "demo": cmd_demo}[args.command](args)
+        commands = {"serve": cmd_serve, "dump": cmd_dump, "report": cmd_report, "demo": cmd_demo}
+        return commands[args.command](args)
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepares a fresh machine: the Debian packages the end-to-end tests and benchmark use
-# (prometheus + promtool, alertmanager, mtail) and a virtual environment with the exporter.
+# (prometheus + promtool, alertmanager, mtail, chromium) and a virtual environment with the exporter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,6 +8,7 @@ missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
 command -v mtail >/dev/null || missing+=(mtail)
+command -v chromium >/dev/null || missing+=(chromium)  # the report's HTML page, tested in a real browser
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: need Debian packages ${missing[*]}: run as root or 'sudo apt-get install ${missing[*]}'" >&2

@@ -133,6 +133,7 @@ class Detector:
     reads: tuple[SeriesKey, ...] = ()  # other inputs the evaluator reads (their streams are kept)
     clear: int | None = None  # points a state must have ended to clear; None: detectors.clear_steps
     percent: bool = False  # value and limit are shares (0..1), written as percentages
+    band: bool = False  # the limit is in the input's own units: charts draw it as a line beside the input
 
 
 # --- evaluators -------------------------------------------------------------------------------------------
@@ -363,7 +364,7 @@ DETECTORS: tuple[Detector, ...] = (
         saw="the median KL to the reference over its last 5 logged steps is {value}, above the stop threshold "
             "of {limit}",
         meaning="The policy has drifted far from the reference, and not on one noisy step: KL > 1.0 is a stop "
-                "sign. Single-step spikes are counted (posttrain_detector_spikes_total) and do not page."),
+                "sign. Single-step spikes are counted (posttrain_detector_spikes_total) and do not page.", band=True),
     Detector(
         "reward_std_collapsed", "PostTrainRewardStdCollapsed", "critical", "reward_std", REWARD_STD,
         reward_std_collapsed, 1,
@@ -400,7 +401,7 @@ DETECTORS: tuple[Detector, ...] = (
         seed="Part II: KL > 0.5 is a warning",
         summary="KL divergence held above the warning threshold in run {run}.",
         saw="the median KL to the reference over its last 5 logged steps is {value}, above {limit}",
-        meaning="The policy is drifting from the reference; check that the reward is still honest."),
+        meaning="The policy is drifting from the reference; check that the reward is still honest.", band=True),
     Detector(
         "kl_near_zero", "PostTrainKLNearZero", "warning", "kl", KL, kl_near_zero, 1,
         help="KL to the reference below thresholds.kl_near_zero at every one of the last 50 logged steps.",
@@ -435,7 +436,7 @@ DETECTORS: tuple[Detector, ...] = (
         summary="Reward std is falling towards zero in run {run}.",
         saw="reward std within completion groups averages {value} over its last 20 logged steps, below {limit} "
             "({threshold.reward_std_drop} of its level at the run's start)",
-        meaning="The model is saturating before the signal is gone: the most common GRPO failure mode."),
+        meaning="The model is saturating before the signal is gone: the most common GRPO failure mode.", band=True),
     Detector(
         "reward_component_dead", "PostTrainRewardComponentDead", "warning", "reward_component_std",
         COMPONENT_STD, component_dead, 3,
@@ -503,7 +504,7 @@ DETECTORS: tuple[Detector, ...] = (
         summary="Policy entropy collapsed in run {run}.",
         saw="the median token entropy over its last 5 logged steps is {value}, below {limit} "
             "({threshold.entropy_drop} of its level at the run's start)",
-        meaning="The model is becoming too confident too quickly; this often precedes mode collapse."),
+        meaning="The model is becoming too confident too quickly; this often precedes mode collapse.", band=True),
     Detector(
         "completion_length_growing", "PostTrainCompletionLengthGrowing", "warning", "completion_length",
         LENGTH, length_growing, 3,
@@ -513,7 +514,7 @@ DETECTORS: tuple[Detector, ...] = (
         summary="Completions are growing longer in run {run}.",
         saw="the median of the mean completion length over its last 5 logged steps is {value} tokens, above "
             "{limit} ({threshold.length_ratio_high}x its length at the run's start)",
-        meaning="Verbosity is being rewarded: the reward probably has a length bias (length hacking)."),
+        meaning="Verbosity is being rewarded: the reward probably has a length bias (length hacking).", band=True),
     Detector(
         "completion_length_shrinking", "PostTrainCompletionLengthShrinking", "warning", "completion_length",
         LENGTH, length_shrinking, 3,
@@ -523,7 +524,7 @@ DETECTORS: tuple[Detector, ...] = (
         summary="Completions are getting shorter in run {run}.",
         saw="the median of the mean completion length over its last 5 logged steps is {value} tokens, below "
             "{limit} ({threshold.length_ratio_low}x its length at the run's start)",
-        meaning="The model may have learnt that short answers are safer rather than better."),
+        meaning="The model may have learnt that short answers are safer rather than better.", band=True),
     Detector(
         "completions_truncated", "PostTrainCompletionsTruncated", "warning", "completion_truncated",
         TRUNCATED, truncated, 3,
@@ -532,7 +533,7 @@ DETECTORS: tuple[Detector, ...] = (
         summary="Completions hit the length limit in run {run}.",
         saw="{value} of completions were cut at max_completion_length (median of its last 5 logged steps), "
             "above {limit}", percent=True,
-        meaning="The reward scores incomplete answers, and truncated groups bias the advantages."),
+        meaning="The reward scores incomplete answers, and truncated groups bias the advantages.", band=True),
     Detector(
         "length_diversity_collapsing", "PostTrainLengthDiversityCollapsing", "warning", "completion_length",
         LENGTH_STD, length_diversity_collapsing, 3,
@@ -541,7 +542,7 @@ DETECTORS: tuple[Detector, ...] = (
         summary="Completions of a group are converging to one length in run {run}.",
         saw="the within-group std of completion length is {value} tokens (median of its last 5 logged steps), "
             "below {limit} ({threshold.length_std_drop} of its level at the run's start)",
-        meaning="Completions may be converging to one template; this often precedes mode collapse."),
+        meaning="Completions may be converging to one template; this often precedes mode collapse.", band=True),
     Detector(
         "dpo_displacement", "PostTrainDPOLikelihoodDisplacement", "warning", "dpo_reward", CHOSEN,
         dpo_displacement, 3,
@@ -551,7 +552,7 @@ DETECTORS: tuple[Detector, ...] = (
         saw="the implicit reward of the chosen answers is {value} (median of its last 5 logged steps), below "
             "{limit}, while the margin over the rejected ones is still positive",
         meaning="The margin grows because both answers lose likelihood (likelihood displacement): the model "
-                "unlearns the preferred answers too.", reads=(MARGIN,)),
+                "unlearns the preferred answers too.", reads=(MARGIN,), band=True),
     Detector(
         "dpo_chosen_unbounded", "PostTrainDPOChosenRewardUnbounded", "warning", "dpo_reward", CHOSEN,
         dpo_chosen_unbounded, 10,
@@ -561,7 +562,7 @@ DETECTORS: tuple[Detector, ...] = (
         saw="the implicit reward of the chosen answers is {value} (median of its last 5 logged steps), above "
             "{limit}, and still rising",
         meaning="Unbounded reward growth is likely the model exploiting the objective; check the KL to the "
-                "reference."),
+                "reference.", band=True),
     Detector(
         "dpo_margin_unstable", "PostTrainDPORewardsUnstable", "warning", "dpo_reward", MARGIN,
         dpo_margin_unstable, 10,
@@ -596,7 +597,7 @@ DETECTORS: tuple[Detector, ...] = (
         summary="Gradient norm far above its start in run {run}.",
         saw="the median gradient norm over its last 5 logged steps is {value}, above {limit} "
             "({threshold.grad_norm_spike_factor}x its level at the run's start)",
-        meaning="Updates are exploding; single spikes are counted, this one has lasted."),
+        meaning="Updates are exploding; single spikes are counted, this one has lasted.", band=True),
 )
 
 BY_NAME: dict[str, Detector] = {d.name: d for d in DETECTORS}

@@ -37,7 +37,7 @@ REGIMES = (
     "declining",  # KL stable, reward falling: not among the five; reward is lost without drift
     "unknown",  # fewer than min_points of KL or reward in their windows
 )
-_REGIME_OF = {
+REGIME_OF = {
     (1, 1): "improving_with_drift", (1, 0): "drifting_without_gain", (1, -1): "destructive",
     (0, 1): "improving_without_drift", (0, 0): "converged", (0, -1): "declining",
 }
@@ -293,7 +293,7 @@ class DerivedState:
                 break
             st = stats.get(key) or window_stats(s.tail(spec.size))
             directions.append(self._direction(st.slope_t))
-        state = _REGIME_OF[max(directions[0], 0), directions[1]] if len(directions) == 2 else "unknown"
+        state = REGIME_OF[max(directions[0], 0), directions[1]] if len(directions) == 2 else "unknown"
         for r in REGIMES:
             self._set("posttrain_regime", (("regime", r),), 1.0 if r == state else 0.0)
 

@@ -1,0 +1,51 @@
+"""`posttrain-exporter report LOG...`: read logs once, judge each run, print or write the verdicts.
+
+The exit code can carry the verdict (--fail-on), so a training pipeline's CI can stop on a bad run."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+from exporter.alerting.rules import RUNBOOK_BASE
+from exporter.app import Exporter
+from exporter.config import Config, LogSpec
+from exporter.report.html import to_html
+from exporter.report.text import to_json, to_text
+from exporter.report.verdict import RunVerdict, judge
+
+FORMATS = ("text", "json", "html")
+FAIL_ON = ("critical", "warning")
+EXIT_FAILED = 1
+REPORT_HISTORY = 1_000_000  # points kept per series: a report sees the whole run, not the sidecar's window
+
+
+def verdicts(cfg: Config, specs: list[LogSpec], runbook_base: str = RUNBOOK_BASE) -> list[RunVerdict]:
+    cfg = dataclasses.replace(cfg, history_limit=max(cfg.history_limit, REPORT_HISTORY))
+    exporter = Exporter(cfg, specs)
+    exporter.read_to_end()
+    return [judge(run, runbook_base) for run in exporter.runs.values()]
+
+
+def render(found: list[RunVerdict], fmt: str) -> str:
+    return {"text": to_text, "json": to_json, "html": to_html}[fmt](found)
+
+
+def failed(found: list[RunVerdict], fail_on: str | None) -> bool:
+    """Whether a finding at or above `fail_on` exists (critical: pages only; warning: pages or warnings)."""
+    if fail_on is None:
+        return False
+    levels = {"critical"} if fail_on == "critical" else {"critical", "warning"}
+    return any(f.severity in levels for v in found for f in v.findings)
+
+
+def run_report(cfg: Config, specs: list[LogSpec], fmt: str, out: Path | None, fail_on: str | None,
+               runbook_base: str = RUNBOOK_BASE) -> int:
+    found = verdicts(cfg, specs, runbook_base)
+    text = render(found, fmt)
+    if out is None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    else:
+        out.write_text(text, encoding="utf-8")
+    return EXIT_FAILED if failed(found, fail_on) else 0

@@ -1,0 +1,183 @@
+"""The verdicts as one self-contained HTML page: step-aligned charts of every instrument (inline SVG), the
+detectors' limits as bands, the findings marked where they fired, the best step, the regime over time.
+
+Nothing is loaded from the network: no scripts, no fonts, no images but the inline SVG."""
+
+from __future__ import annotations
+
+import html
+import itertools
+import math
+
+import numpy as np
+
+from exporter.detectors.catalog import BY_NAME
+from exporter.report.verdict import Finding, RunVerdict
+
+W, H, PAD_L, PAD_R, PAD_T, PAD_B = 520, 170, 56, 12, 22, 24
+MAX_POINTS = 1200  # a longer series is drawn as the min and max of each of this many buckets
+ORDER = ["reward_std", "reward", "kl", "entropy", "completion_length", "completion_truncated", "clip_ratio",
+         "reward_component", "reward_component_std", "dpo_reward", "dpo_accuracy", "loss", "grad_norm",
+         "learning_rate", "policy_ratio", "clip_fraction"]
+REGIME_COLOURS = {"improving_with_drift": "#7cb342", "improving_without_drift": "#2e7d32", "converged": "#9e9e9e",
+                  "drifting_without_gain": "#f9a825", "destructive": "#c62828", "declining": "#ef6c00",
+                  "unknown": "#e0e0e0"}
+SEVERITY_COLOURS = {"critical": "#c62828", "warning": "#ef6c00"}
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#212121;background:#fafafa}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;margin:28px 0 8px} h3{font-size:13px;margin:0 0 2px}
+.badge{display:inline-block;padding:2px 10px;border-radius:10px;color:#fff;font-weight:600;font-size:13px}
+.healthy{background:#2e7d32} .critical{background:#c62828} .warning{background:#ef6c00}
+table{border-collapse:collapse;font-size:13px;background:#fff} td,th{border:1px solid #e0e0e0;padding:4px 8px;
+text-align:left;vertical-align:top} th{background:#f0f0f0} .num{text-align:right;font-variant-numeric:tabular-nums}
+.grid{display:flex;flex-wrap:wrap;gap:12px} .chart{background:#fff;border:1px solid #e0e0e0;padding:6px}
+.muted{color:#757575;font-size:12px} .run{border-top:3px solid #bdbdbd;margin-top:32px;padding-top:8px}
+"""
+
+
+def _esc(s: object) -> str:
+    return html.escape(str(s))
+
+
+def _fmt(v: float | None) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return f"{v:.4g}"
+
+
+def _downsample(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if len(steps) <= MAX_POINTS:
+        return steps, values
+    edges = np.linspace(0, len(steps), MAX_POINTS // 2 + 1).astype(int)
+    xs, ys = [], []
+    for a, b in itertools.pairwise(edges.tolist()):
+        if b <= a:
+            continue
+        seg = values[a:b]
+        i, j = int(np.argmin(seg)), int(np.argmax(seg))
+        for k in sorted({i, j}):
+            xs.append(steps[a + k])
+            ys.append(seg[k])
+    return np.array(xs), np.array(ys)
+
+
+def _chart(title: str, steps: np.ndarray, values: np.ndarray, x0: int, x1: int,
+           limits: list[tuple[str, float]], marks: list[tuple[Finding, int, int]], best: int | None) -> str:
+    finite = np.isfinite(values)
+    steps, values = _downsample(steps[finite], values[finite])
+    if not len(values):
+        return ""
+    lo, hi = float(values.min()), float(values.max())
+    for _, lim in limits:
+        lo, hi = min(lo, lim), max(hi, lim)
+    if hi - lo < 1e-12:
+        lo, hi = lo - 0.5 * (abs(lo) or 1), hi + 0.5 * (abs(hi) or 1)
+    span = max(x1 - x0, 1)
+
+    def x(s: float) -> float:
+        return PAD_L + (s - x0) / span * (W - PAD_L - PAD_R)
+
+    def y(v: float) -> float:
+        return PAD_T + (hi - v) / (hi - lo) * (H - PAD_T - PAD_B)
+
+    parts = [f'<svg width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img" aria-label="{_esc(title)}">',
+             f'<rect x="{PAD_L}" y="{PAD_T}" width="{W - PAD_L - PAD_R}" height="{H - PAD_T - PAD_B}" '
+             'fill="#fff" stroke="#e0e0e0"/>']
+    for f, a, b in marks:  # where an alert on this instrument fired
+        colour = SEVERITY_COLOURS[f.severity]
+        parts.append(f'<rect x="{x(a):.1f}" y="{PAD_T}" width="{max(x(b) - x(a), 2):.1f}" '
+                     f'height="{H - PAD_T - PAD_B}" fill="{colour}" fill-opacity="0.15">'
+                     f'<title>{_esc(f.alert)} steps {a}-{b}</title></rect>')
+    if best is not None and x0 <= best <= x1:
+        parts.append(f'<line x1="{x(best):.1f}" x2="{x(best):.1f}" y1="{PAD_T}" y2="{H - PAD_B}" stroke="#2e7d32" '
+                     'stroke-width="1.5"><title>best step</title></line>')
+    for name, lim in limits:
+        parts.append(f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{y(lim):.1f}" y2="{y(lim):.1f}" stroke="#c62828" '
+                     f'stroke-dasharray="5,4" stroke-width="1"><title>{_esc(name)}: {_fmt(lim)}</title></line>')
+        parts.append(f'<text x="{W - PAD_R - 2}" y="{y(lim) - 3:.1f}" font-size="10" fill="#c62828" '
+                     f'text-anchor="end">{_esc(name)} {_fmt(lim)}</text>')
+    pts = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in zip(steps.tolist(), values.tolist(), strict=True))
+    parts.append(f'<polyline points="{pts}" fill="none" stroke="#1565c0" stroke-width="1.2"/>')
+    for v in (lo, (lo + hi) / 2, hi):
+        parts.append(f'<text x="{PAD_L - 4}" y="{y(v) + 3:.1f}" font-size="10" fill="#616161" '
+                     f'text-anchor="end">{_fmt(v)}</text>')
+    for s in (x0, (x0 + x1) // 2, x1):
+        parts.append(f'<text x="{x(s):.1f}" y="{H - 8}" font-size="10" fill="#616161" text-anchor="middle">{s}</text>')
+    parts.append(f'<text x="{PAD_L}" y="14" font-size="12" font-weight="600">{_esc(title)}</text></svg>')
+    return "".join(parts)
+
+
+def _regime_bar(v: RunVerdict, x0: int, x1: int) -> str:
+    if not v.regimes:
+        return '<p class="muted">No regime: the run logs no KL or no reward.</p>'
+    span = max(x1 - x0, 1)
+    width = W * 2 - PAD_L
+    rects = []
+    for a, b, name in v.regimes:
+        left = PAD_L + (a - x0) / span * width
+        rects.append(f'<rect x="{left:.1f}" y="4" width="{max((b - a) / span * width, 1):.1f}" height="18" '
+                     f'fill="{REGIME_COLOURS[name]}"><title>{a}-{b}: {name}</title></rect>')
+    legend = " ".join(f'<span style="color:{c}">&#9632;</span> {n}' for n, c in REGIME_COLOURS.items())
+    return (f'<svg width="{PAD_L + width}" height="26">{"".join(rects)}</svg>'
+            f'<div class="muted">{legend}</div>')
+
+
+def _run_section(v: RunVerdict) -> str:
+    steps_all = [int(s[0]) for s, _ in v.series.values()] + [int(s[-1]) for s, _ in v.series.values()]
+    x0, x1 = (min(steps_all), max(steps_all)) if steps_all else (0, max(v.last_step, 1))
+    worst = v.worst()
+    badge = f'<span class="badge {worst or "healthy"}">{_esc(v.verdict)}</span>'
+    out = [f'<section class="run"><h1>{_esc(v.run)} {badge}</h1>',
+           f'<p>Last step {v.last_step} ({"finished" if v.finished else "still running"}).']
+    if v.best_step is not None:
+        out.append(f' Best step <b>{v.best_step}</b> (smoothed reward {_fmt(v.best_reward)}, KL '
+                   f'{_fmt(v.kl_at_best)}): the checkpoint to keep (green line in the charts).')
+    out.append("</p>")
+    if v.findings:
+        out.append("<h2>Findings</h2><table><tr><th>severity</th><th>alert</th><th>steps</th>"
+                   "<th>what it means</th></tr>")
+        for f in v.findings:
+            spans = ", ".join(f"{e.start}&ndash;{e.end if e.end is not None else 'end'}" for e in f.episodes)
+            comp = f" ({_esc(f.component)})" if f.component else ""
+            out.append(f'<tr><td><span class="badge {f.severity}">{f.severity}</span></td>'
+                       f'<td><a href="{_esc(f.runbook_url)}">{_esc(f.alert)}</a>{comp}</td><td>{spans}</td>'
+                       f"<td>{_esc(f.summary)} {_esc(f.meaning)}</td></tr>")
+        out.append("</table>")
+    else:
+        out.append("<p>No detector fired: no page and no warning would have been raised.</p>")
+    out.append("<h2>KL-versus-reward regime</h2>" + _regime_bar(v, x0, x1))
+    out.append('<h2>Instruments, by logged step</h2><p class="muted">Blue: the logged value. Dashed red: the '
+               "limit a detector judges it against. Shaded: where an alert on it fired (red a page, orange a "
+               "warning).</p><div class=\"grid\">")
+    marks_by_input: dict = {}
+    for f in v.findings:
+        key = BY_NAME[f.detector].input
+        if isinstance(key, str):
+            key = (key, f.component)
+        for e in f.episodes:
+            marks_by_input.setdefault(key, []).append((f, e.start, e.end if e.end is not None else v.last_step))
+    rank = {name: i for i, name in enumerate(ORDER)}
+    for key in sorted(v.series, key=lambda k: (rank.get(k[0], len(ORDER)), k[0], k[1] or "")):
+        steps, values = v.series[key]
+        title = key[0] + (f" ({key[1]})" if key[1] else "")
+        chart = _chart(title, steps, values, x0, x1, v.limits.get(key, []), marks_by_input.get(key, []),
+                       v.best_step)
+        if chart:
+            out.append(f'<div class="chart">{chart}</div>')
+    out.append("</div><h2>Every instrument</h2><table><tr><th>instrument</th><th>points</th><th>first</th>"
+               "<th>min</th><th>max</th><th>last</th><th>trend (last 50)</th></tr>")
+    for r in v.instruments:
+        trend = {1: "rising", -1: "falling", 0: "flat"}[r.direction]
+        out.append(f"<tr><td>{_esc(r.label)}</td><td class=num>{r.points}</td><td class=num>{_fmt(r.first)}</td>"
+                   f"<td class=num>{_fmt(r.min)}</td><td class=num>{_fmt(r.max)}</td><td class=num>{_fmt(r.last)}</td>"
+                   f"<td>{trend}</td></tr>")
+    out.append("</table></section>")
+    return "".join(out)
+
+
+def to_html(verdicts: list[RunVerdict]) -> str:
+    body = "".join(_run_section(v) for v in verdicts)
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>posttrain-exporter report</title>'
+            f"<style>{CSS}</style></head><body>{body}"
+            '<p class="muted">posttrain-exporter report: the same detectors and thresholds as the live alerts.</p>'
+            "</body></html>")

@@ -1,0 +1,182 @@
+"""Judge each run of a read log: its findings (the detectors' episodes, one finding per alert), its best
+step, its regime over time and a table of every instrument.
+
+The findings are the detectors' own episodes, the state the alert rules read, so the report says what the
+alerts would have said; an alert fires from the step its detector became active until it cleared."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from exporter.alerting.rules import RUNBOOK_BASE
+from exporter.detectors.catalog import Detector, SeriesKey
+from exporter.instruments.derived import REGIME_OF
+from exporter.instruments.keymap import INSTRUMENTS
+from exporter.instruments.run import RunState
+from exporter.instruments.window import window_stats
+
+TREND_POINTS = 50  # the window of the derived trends (windows.size)
+
+
+@dataclass(frozen=True)
+class Episode:
+    since: int  # the condition began to hold
+    start: int  # the detector became active: the alert fires from here
+    end: int | None  # it cleared; None: still active at the last step
+
+
+@dataclass
+class Finding:
+    alert: str
+    detector: str
+    severity: str
+    instrument: str
+    component: str | None
+    first_step: int  # the first step the alert would have fired
+    last_step: int  # the last step it would still have been firing
+    episodes: list[Episode]
+    summary: str
+    meaning: str
+    runbook_url: str
+
+
+@dataclass(frozen=True)
+class InstrumentRow:
+    key: SeriesKey
+    label: str  # e.g. "kl", "completion_length{stat=mean}"
+    points: int
+    first: float
+    min: float
+    max: float
+    last: float
+    slope: float  # per step, over the last TREND_POINTS points
+    direction: int  # 1 rising, -1 falling, 0 flat (against the window's noise)
+
+
+@dataclass
+class RunVerdict:
+    run: str
+    last_step: int
+    finished: bool
+    findings: list[Finding]
+    best_step: int | None  # the reward's peak (smoothed), the checkpoint to keep
+    best_reward: float | None
+    kl_at_best: float | None
+    regimes: list[tuple[int, int, str]]  # (from step, to step, regime)
+    instruments: list[InstrumentRow]
+    series: dict[SeriesKey, tuple[np.ndarray, np.ndarray]] = field(repr=False, default_factory=dict)
+    limits: dict[SeriesKey, list[tuple[str, float]]] = field(repr=False, default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        return "unhealthy" if self.findings else "healthy"
+
+    def worst(self) -> str | None:
+        sev = {f.severity for f in self.findings}
+        return "critical" if "critical" in sev else "warning" if sev else None
+
+
+def judge(run: RunState, runbook_base: str = RUNBOOK_BASE) -> RunVerdict:
+    run.refresh()
+    findings = _findings(run, runbook_base)
+    best_step, best_reward, kl_at_best = _best(run)
+    return RunVerdict(run.name, run.step, run.finished, findings, best_step, best_reward, kl_at_best,
+                      _regimes(run), _instruments(run), {k: s.arrays() for k, s in run.series.items() if len(s)},
+                      _limits(run))
+
+
+def _findings(run: RunState, runbook_base: str) -> list[Finding]:
+    by_alert: dict[tuple[str, str | None], Finding] = {}
+    for r in run.detectors.readings():
+        d: Detector = r.detector
+        for e in r.state.episodes:
+            ep = Episode(e.since, e.start, e.end)
+            last = e.end if e.end is not None else run.step
+            f = by_alert.get((d.alert, r.sub))
+            if f is None:
+                words = d.summary.replace("{run}", run.name).replace("{component}", r.sub or "")
+                by_alert[d.alert, r.sub] = Finding(d.alert, d.name, d.severity, d.instrument, r.sub, e.start, last,
+                                                   [ep], words, d.meaning, f"{runbook_base}#{d.alert.lower()}")
+            else:
+                f.episodes.append(ep)
+                f.first_step, f.last_step = min(f.first_step, e.start), max(f.last_step, last)
+    order = {"critical": 0, "warning": 1}
+    return sorted(by_alert.values(), key=lambda f: (order[f.severity], f.first_step, f.alert))
+
+
+def _best(run: RunState) -> tuple[int | None, float | None, float | None]:
+    g = run.derived.gauges
+    step = g.get(("posttrain_reward_peak_step", ()))
+    if step is None:
+        return None, None, None
+    kl = run.series.get(("kl", None))
+    kl_at = None
+    if kl is not None and len(kl):
+        steps, values = kl.arrays()
+        i = int(np.searchsorted(steps, step, side="right")) - 1
+        kl_at = float(values[i]) if i >= 0 else None
+    return int(step), g.get(("posttrain_reward_peak", ())), kl_at
+
+
+def _direction(t: float, trend_t: float) -> int:
+    return 1 if t >= trend_t else -1 if t <= -trend_t else 0
+
+
+def _regimes(run: RunState) -> list[tuple[int, int, str]]:
+    """The KL-versus-reward regime at each logged reward step (trends over their last 50 points, as the
+    derived series), merged into spans."""
+    reward, kl = run.series.get(("reward", None)), run.series.get(("kl", None))
+    if reward is None or kl is None or len(reward) < 10 or len(kl) < 10:
+        return []
+    t = run.settings.thresholds.trend_t
+    r_steps, r_values = reward.arrays()
+    k_steps, k_values = kl.arrays()
+    spans: list[tuple[int, int, str]] = []
+    for i in range(9, len(r_steps)):
+        lo = max(0, i - TREND_POINTS + 1)
+        rd = _direction(window_stats(list(zip(r_steps[lo:i + 1].tolist(), r_values[lo:i + 1].tolist(),
+                                              strict=True))).slope_t, t)
+        j = int(np.searchsorted(k_steps, r_steps[i], side="right"))
+        if j < 10:
+            continue
+        kd = _direction(window_stats(list(zip(k_steps[max(0, j - TREND_POINTS):j].tolist(),
+                                              k_values[max(0, j - TREND_POINTS):j].tolist(), strict=True))).slope_t, t)
+        name = REGIME_OF[max(kd, 0), rd]
+        step = int(r_steps[i])
+        if spans and spans[-1][2] == name:
+            spans[-1] = (spans[-1][0], step, name)
+        else:
+            spans.append((step, step, name))
+    return spans
+
+
+def _label(key: SeriesKey) -> str:
+    inst, sub = key
+    name = INSTRUMENTS[inst].label if inst in INSTRUMENTS else None
+    return f"{inst}{{{name}={sub}}}" if name and sub else inst
+
+
+def _instruments(run: RunState) -> list[InstrumentRow]:
+    rows = []
+    t = run.settings.thresholds.trend_t
+    for key, s in sorted(run.series.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        if not len(s):
+            continue
+        steps, values = s.arrays()
+        tail = list(zip(steps[-TREND_POINTS:].tolist(), values[-TREND_POINTS:].tolist(), strict=True))
+        st = window_stats(tail)
+        rows.append(InstrumentRow(key, _label(key), len(values), float(values[0]), float(values.min()),
+                                  float(values.max()), float(values[-1]), st.slope, _direction(st.slope_t, t)))
+    return rows
+
+
+def _limits(run: RunState) -> dict[SeriesKey, list[tuple[str, float]]]:
+    """The limits the detectors judged each input against, as of the last step (for the charts' bands)."""
+    out: dict[SeriesKey, list[tuple[str, float]]] = {}
+    for r in run.detectors.readings():
+        d = r.detector
+        if d.band and r.step >= 0 and np.isfinite(r.limit) and not isinstance(d.input, str) and d.input in run.series:
+            out.setdefault(d.input, []).append((d.name, r.limit))
+    return out
