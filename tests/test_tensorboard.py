@@ -1,0 +1,84 @@
+"""TensorBoard event files as a source, read without TensorFlow: the real event file the grpo fixture's TRL run
+wrote gives every training record with its exact step and the values trainer_state.json holds."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import TRL, trainer_state
+
+from exporter.parsers.record import RecordKind
+from exporter.sources.tensorboard import TensorBoardReader, crc32c, masked_crc
+
+EVENTS = TRL / "grpo" / "tensorboard"
+
+
+def read_all(path: Path) -> tuple[list, dict]:
+    r = TensorBoardReader(str(path))
+    return r.poll() + r.finish(), r.errors
+
+
+def test_crc32c_known_value() -> None:
+    assert crc32c(b"123456789") == 0xE3069283  # the standard CRC-32C check value
+    assert masked_crc(b"") != crc32c(b"")
+
+
+def test_every_training_record_with_its_exact_step_and_value() -> None:
+    recs, errors = read_all(EVENTS)
+    assert errors == {}
+    train = {r.step: r.values for r in recs if r.kind is RecordKind.TRAIN}
+    want = [e for e in trainer_state("grpo") if "loss" in e and "train_runtime" not in e and "eval_loss" not in e]
+    assert sorted(train) == [e["step"] for e in want] == list(range(1, 301))
+    for e in want:
+        got = train[e["step"]]
+        for key in ("loss", "kl", "entropy", "grad_norm"):
+            assert got[key] == pytest.approx(e[key], rel=1e-6, abs=1e-9), (e["step"], key)  # float32 in the file
+        if "reward_std" in e:
+            assert got["reward_std"] == pytest.approx(e["reward_std"], rel=1e-6, abs=1e-9)
+    kinds = [r.kind for r in recs]
+    assert kinds.count(RecordKind.EVAL) == 3 and kinds.count(RecordKind.SUMMARY) == 1
+
+
+def _event_file(folder: Path) -> Path:
+    (f,) = folder.rglob("*tfevents*")
+    return f
+
+
+def test_a_growing_file_is_read_as_it_grows_without_loss_or_repeat(tmp_path: Path) -> None:
+    data = _event_file(EVENTS).read_bytes()
+    target = tmp_path / "events.out.tfevents.1.host"
+    target.write_bytes(b"")
+    r = TensorBoardReader(str(tmp_path))
+    got = []
+    for i in range(0, len(data), 7777):  # cuts fall inside records
+        with target.open("ab") as f:
+            f.write(data[i:i + 7777])
+        got += r.poll()
+    got += r.finish()
+    whole, _ = read_all(EVENTS)
+    assert [(x.step, x.values) for x in got] == [(x.step, x.values) for x in whole]
+
+
+def test_damage_is_counted_and_the_rest_still_read(tmp_path: Path) -> None:
+    data = bytearray(_event_file(EVENTS).read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one payload byte: that record fails its CRC, the others are read
+    (tmp_path / "events.out.tfevents.2.host").write_bytes(bytes(data))
+    recs, errors = read_all(tmp_path)
+    assert errors.get("bad_crc") == 1
+    assert len([r for r in recs if r.kind is RecordKind.TRAIN]) >= 299
+    corrupt = tmp_path / "c"
+    corrupt.mkdir()
+    head = bytes(data[:5000]) + b"\xff" * 16 + bytes(data[5000:])  # a length no CRC vouches for
+    (corrupt / "events.out.tfevents.3.host").write_bytes(head)
+    recs, errors = read_all(corrupt)
+    assert errors.get("bad_length") == 1
+
+
+def test_a_folder_with_several_event_files_is_read_in_order(tmp_path: Path) -> None:
+    src = _event_file(EVENTS)
+    (tmp_path / "a").mkdir()
+    shutil.copy(src, tmp_path / "a" / "events.out.tfevents.1000.host.1.0")
+    recs, _ = read_all(tmp_path)
+    assert len(recs) == 304 and recs[0].step == 1
