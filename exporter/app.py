@@ -14,7 +14,7 @@ from exporter.instruments.keymap import KeyMap
 from exporter.instruments.run import RunLimits, RunState
 from exporter.parsers.chain import LineParserChain
 from exporter.parsers.record import ParseError
-from exporter.pipeline import ConsoleStream, IngestStats
+from exporter.pipeline import ConsoleStream, IngestStats, warn_once
 from exporter.sources.files import FileFollower, FollowStats
 from exporter.sources.stdin import StdinReader
 from exporter.sources.trainer_state import TrainerStateReader, looks_like_trainer_state
@@ -50,8 +50,7 @@ class FileInput(Input):
         for chunk in self.follower.poll():
             self.stream.feed(chunk)
             got = True
-        if not got:
-            self.stream.settle(REDRAW_WAIT_SECONDS)
+        self.stream.settle(REDRAW_WAIT_SECONDS)
         return got
 
     def finish(self) -> None:
@@ -83,7 +82,7 @@ class ReaderInput(Input):
             self._finished = True
             self.follow.up = False
             self.stream.finish()  # the trainer is gone: nothing more will complete a held line
-        elif not chunks:
+        else:
             self.stream.settle(REDRAW_WAIT_SECONDS)
         return bool(chunks)
 
@@ -104,14 +103,22 @@ class TrainerStateInput(Input):
         try:
             records = self.reader.poll()
         except ParseError as e:
-            self.stats.lines[e.fmt, "error"] += 1
-            self.stats.parse_errors[e.fmt, e.reason] += 1
+            self._error(e.reason, 1)
             records = []
+        for reason, n in self.reader.entry_errors.items():
+            self._error(reason, n)
+        self.reader.entry_errors.clear()
         self.follow.up = self.reader.up
         for rec in records:
             self.stats.lines["trainer_state", "record"] += 1
             self.run.ingest(rec)
         return bool(records)
+
+    def _error(self, reason: str, n: int) -> None:
+        self.stats.lines["trainer_state", "error"] += n
+        self.stats.parse_errors["trainer_state", reason] += n
+        warn_once(self.run.name, ("trainer_state", reason), "skipped %s or entries of its log_history (%s); further "
+                  "ones are only counted in posttrain_exporter_parse_errors_total", self.spec.path, reason)
 
 
 class Exporter:
@@ -126,7 +133,8 @@ class Exporter:
 
     def run_state(self, name: str) -> RunState:
         if name not in self.runs:
-            limits = RunLimits(max_keys=self.cfg.max_keys, history_limit=self.cfg.history_limit)
+            limits = RunLimits(max_keys=self.cfg.max_keys, history_limit=self.cfg.history_limit,
+                               max_key_length=self.cfg.max_key_length)
             self.runs[name] = RunState(name, self.keymap, limits, self.cfg.derived)
             self.stats[name] = IngestStats()
         return self.runs[name]
@@ -136,7 +144,7 @@ class Exporter:
         stats = self.stats[spec.run]
         if spec.format == "trainer_state" or (spec.format == "auto" and looks_like_trainer_state(spec.path)):
             return TrainerStateInput(spec, run, stats)
-        stream = ConsoleStream(run, stats, LineParserChain(spec.format, self.cfg.formats))
+        stream = ConsoleStream(run, stats, LineParserChain(spec.format, self.cfg.formats), self.cfg.max_line_length)
         return ReaderInput(spec, stream) if spec.path == "-" else FileInput(spec, stream)
 
     def poll_once(self) -> bool:

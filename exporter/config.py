@@ -50,6 +50,8 @@ class Config:
     aliases: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     max_keys: int = 500
     history_limit: int = 2048
+    max_key_length: int = 128
+    max_line_length: int = 1 << 20
     run: str | None = None  # default run label
     derived: DerivedSettings = field(default_factory=DerivedSettings)
     gpu: GpuSettings = field(default_factory=lambda: GpuSettings())
@@ -117,12 +119,12 @@ def parse_config(raw: Any) -> Config:
     names = set(BUILTIN_FORMATS) | FILE_FORMATS | {"auto"} | {f.name for f in cfg.formats}
     cfg.logs = _logs(raw.get("logs", []), names, cfg.run)
     cfg.aliases = _aliases(raw.get("aliases", {}))
-    limits = raw.get("limits", {})
-    _expect(isinstance(limits, dict), "limits", "must be a mapping")
-    unknown = sorted(set(limits) - {"max_keys", "history_limit"})
-    _expect(not unknown, f"limits.{unknown[0]}" if unknown else "", "unknown setting (known: max_keys, history_limit)")
+    limits = _section(raw, "limits", {"max_keys", "history_limit", "max_key_length", "max_line_length"})
     cfg.max_keys = _number(limits, "max_keys", 500, integer=True, section="limits")
     cfg.history_limit = _number(limits, "history_limit", 2048, integer=True, minimum=1, section="limits")
+    cfg.max_key_length = _number(limits, "max_key_length", 128, integer=True, section="limits")
+    # Below a few KiB a limit would drop the metric lines themselves (a GRPO line is about 1,500 characters).
+    cfg.max_line_length = _number(limits, "max_line_length", 1 << 20, integer=True, minimum=4095, section="limits")
     cfg.derived = _derived(raw)
     gpu = _section(raw, "gpu", {"enabled", "interval_seconds", "visible_devices"})
     enabled = gpu.get("enabled", True)
@@ -184,7 +186,7 @@ def _derived(raw: dict) -> DerivedSettings:
 def _detectors(raw: dict) -> DetectorSettings:
     """detectors: {clear_steps, clear_margin, <detector>: {steps, clear_steps, enabled}}"""
     sec = _section(raw, "detectors", set(DETECTORS) | {"clear_steps", "clear_margin"})
-    clear_steps = _number(sec, "clear_steps", 3, integer=True, section="detectors")
+    clear_steps = _number(sec, "clear_steps", 5, integer=True, section="detectors")
     margin = sec.get("clear_margin", 0.2)
     _expect(isinstance(margin, int | float) and not isinstance(margin, bool) and 0 <= margin < 1,
             "detectors.clear_margin", f"must be a number in [0, 1), got {margin!r}")

@@ -6,7 +6,7 @@ import logging
 import time
 from collections import Counter
 
-from exporter.console.framing import ConsoleFramer
+from exporter.console.framing import MAX_LINE_LENGTH, ConsoleFramer
 from exporter.console.steps import StepClock
 from exporter.instruments.run import RunState
 from exporter.parsers.chain import LineParserChain
@@ -14,8 +14,21 @@ from exporter.parsers.record import ParseError, Record
 
 log = logging.getLogger(__name__)
 
-# One warning per (run, format, reason): a broken stream must not flood the sidecar's own log.
-_warned: set[tuple[str, str, str]] = set()
+# One warning per run and kind of bad input (format and reason): a broken stream must not flood the
+# sidecar's own log.
+_warned: set[tuple[str, ...]] = set()
+# Reasons a line is dropped unread (posttrain_exporter_lines_dropped_total), all exported from the start.
+LINE_DROP_REASONS = ("too_long",)
+# A record from a longer line may hold many or long keys: the run's limits are applied before it waits
+# for its step or its batch, so that waiting records stay small.
+_WIDE_LINE = 16 * 1024
+
+
+def warn_once(run: str, what: tuple[str, ...], message: str, *args: object) -> None:
+    """Logs `message % args` the first time `what` happens to `run`: bad input is counted, not logged per line."""
+    if (key := (run, *what)) not in _warned:
+        _warned.add(key)
+        log.warning("run %s: " + message, run, *args)
 
 
 class IngestStats:
@@ -24,6 +37,7 @@ class IngestStats:
     def __init__(self) -> None:
         self.lines: Counter[tuple[str, str]] = Counter()  # (format, outcome)
         self.parse_errors: Counter[tuple[str, str]] = Counter()  # (format, reason)
+        self.lines_dropped: Counter[str] = Counter()  # by reason
         self.bar_draws = 0  # counted apart: one per progress-bar draw is the hottest path
 
     def line_counts(self) -> dict[tuple[str, str], int]:
@@ -36,26 +50,38 @@ class IngestStats:
 class ConsoleStream:
     """Text of one stream (a file, stdin) in, records into `run` out. It is the framer's sink."""
 
-    def __init__(self, run: RunState, stats: IngestStats, parsers: LineParserChain) -> None:
+    def __init__(self, run: RunState, stats: IngestStats, parsers: LineParserChain,
+                 max_line_length: int = MAX_LINE_LENGTH) -> None:
         self.run = run
         self.stats = stats
         self.parsers = parsers
-        self.framer = ConsoleFramer(self)
+        self.framer = ConsoleFramer(self, max_line_length)
         self.clock = StepClock()
         self.last_data = time.monotonic()
+        self._waiting_since: float | None = None  # when records began to wait for a progress-bar redraw
 
     def feed(self, text: str) -> None:
-        self.last_data = time.monotonic()
+        self.last_data = now = time.monotonic()
         self.framer.feed(text)
+        if not self.clock.waiting:
+            self._waiting_since = None
+        elif self._waiting_since is None:
+            self._waiting_since = now
 
     def finish(self) -> None:
         """End of input (dump, or stdin closed): the unterminated tail is a line; nothing waits."""
         self.framer.flush()
+        self._waiting_since = None
         self._ingest(self.clock.flush())
 
-    def settle(self, idle_seconds: float) -> None:
-        """Records waiting for a progress-bar redraw that has not come take their fallback step."""
-        if time.monotonic() - self.last_data >= idle_seconds:
+    def settle(self, wait_seconds: float) -> None:
+        """Called at every poll: when the stream has been quiet this long, or records have waited this
+        long for a progress-bar redraw while text kept coming (a redraw follows its line at once when it
+        comes at all), the waiting records take their fallback step."""
+        now = time.monotonic()
+        quiet = now - self.last_data >= wait_seconds
+        if quiet or (self._waiting_since is not None and now - self._waiting_since >= wait_seconds):
+            self._waiting_since = None
             self._ingest(self.clock.flush())
 
     # --- the framer's sink ----------------------------------------------------------------------
@@ -72,26 +98,42 @@ class ConsoleStream:
     def abandoned(self, text: str) -> None:
         self._error(ParseError("cut_line", text[:60], "unknown"))
 
+    def overlong(self) -> None:
+        self.stats.lines_dropped["too_long"] += 1
+        warn_once(self.run.name, ("too_long",), "dropped a line longer than limits.max_line_length (%d characters); "
+                  "further ones are only counted in posttrain_exporter_lines_dropped_total",
+                  self.framer.max_line_length)
+
     def line(self, text: str) -> None:
         try:
             rec = self.parsers.parse(text)
         except ParseError as e:
             self._error(e)
             return
+        except Exception:  # a parser bug must cost one line, never the sidecar
+            self._internal_error(text)
+            return
         if rec is None:
             self.stats.lines["none", "unmatched"] += 1
             return
         self.stats.lines[rec.fmt, "record"] += 1
+        if len(text) > _WIDE_LINE:
+            rec = self.run.narrowed(rec)
         self._ingest(self.clock.record(rec))
+
+    def _internal_error(self, text: str) -> None:
+        self.stats.lines["unknown", "error"] += 1
+        self.stats.parse_errors["unknown", "internal_error"] += 1
+        if (key := (self.run.name, "unknown", "internal_error")) not in _warned:
+            _warned.add(key)
+            log.exception("run %s: the parser failed on a line (skipped; further ones are only counted in "
+                          "posttrain_exporter_parse_errors_total): %.120r", self.run.name, text)
 
     def _error(self, e: ParseError) -> None:
         self.stats.lines[e.fmt, "error"] += 1
         self.stats.parse_errors[e.fmt, e.reason] += 1
-        key = (self.run.name, e.fmt, e.reason)
-        if key not in _warned:
-            _warned.add(key)
-            log.warning("run %s: skipped a line that could not be parsed (%s); further ones are only "
-                        "counted in posttrain_exporter_parse_errors_total", self.run.name, e)
+        warn_once(self.run.name, (e.fmt, e.reason), "skipped a line that could not be parsed (%s); further ones are "
+                  "only counted in posttrain_exporter_parse_errors_total", e)
 
     def _ingest(self, records: list[Record]) -> None:
         for rec in records:

@@ -68,6 +68,9 @@ def test_bad_listen_address() -> None:
      ({"aliases": {"my/r": "reward_component"}}, "reward_component needs its label"),
      ({"limits": {"max_keys": "many"}}, "max_keys: must be an integer"),
      ({"limits": {"history_limit": 0}}, "history_limit: must be greater than 1"),
+     ({"limits": {"max_key_length": 0}}, "limits.max_key_length: must be greater than 0"),
+     ({"limits": {"max_line_length": 1000}}, "limits.max_line_length: must be greater than 4095"),
+     ({"limits": {"max_line_bytes": 1000}}, "limits.max_line_bytes: unknown setting"),
      ({"poll_interval_seconds": -1}, "poll_interval_seconds: must be greater than 0"),
      ({"detectors": {"kl_critcal": {"steps": 3}}}, "detectors.kl_critcal: unknown setting"),
      ({"detectors": {"kl_critical": {"steps": 0}}}, "detectors.kl_critical.steps: must be greater than 0"),
@@ -124,7 +127,7 @@ def test_passthrough_keys_are_capped_and_counted() -> None:
     run.ingest(Record({"a": 1, "b": 2, "c": 3, "d": 4}, "jsonl", step=1))
     run.ingest(Record({"a": 5, "e": 6}, "jsonl", step=2))
     run.refresh()
-    assert run.passthrough == {"a": 5, "b": 2, "c": 3} and run.keys_dropped == 2
+    assert run.passthrough == {"a": 5, "b": 2, "c": 3} and run.keys_dropped == {"max_keys": 2}
 
 
 def test_key_alikes_are_kept_apart() -> None:

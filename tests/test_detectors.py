@@ -166,7 +166,7 @@ def test_dpo_displacement_needs_the_chosen_reward_down_and_the_margin_still_posi
 def test_destructive_regime_kl_rising_reward_falling() -> None:
     rng = np.random.default_rng(4)
     steps = np.arange(1, 101)
-    kl = 0.05 + 0.004 * steps + rng.normal(0, 0.01, 100)
+    kl = 0.2 + 0.008 * steps + rng.normal(0, 0.01, 100)  # above kl_warning (0.5) from step ~40
     reward = np.where(steps < 50, 1.0, 1.0 - 0.02 * (steps - 50)) + rng.normal(0, 0.02, 100)
     records = [({"kl": float(k), "reward": float(r)}, int(s)) for s, k, r in zip(steps, kl, reward, strict=True)]
     (ep, *_) = episodes(records, "destructive_regime")
@@ -174,6 +174,8 @@ def test_destructive_regime_kl_rising_reward_falling() -> None:
     flat = [({"kl": float(k), "reward": 1.0 + float(e)}, int(s))
             for s, k, e in zip(steps, kl, rng.normal(0, 0.02, 100), strict=True)]
     assert episodes(flat, "destructive_regime") == []
+    low_kl = [({"kl": float(k) / 4, "reward": float(r)}, int(s)) for s, k, r in zip(steps, kl, reward, strict=True)]
+    assert episodes(low_kl, "destructive_regime") == []  # KL rising from zero under 0.5: every run's start
 
 
 def test_a_resume_rebuilds_the_detectors_from_history() -> None:

@@ -6,6 +6,11 @@ are mixed with the metric lines. Two things make it harder than splitting on new
 - with block-buffered stdout, an 8 KB block boundary can cut a metric line in two, and bar text
   written to stderr in between lands inside it. The first part is held open and the rest joined
   when it arrives.
+
+A line (text up to a \\r or \\n) longer than `max_line_length` characters is dropped and counted, and
+never held whole: once the unterminated text passes the limit it is let go, and the rest of the line
+is skipped as it comes. Text without a line end is held in the pieces it came in, so a long line
+arriving in small reads costs linear time, not a copy of everything held so far per read.
 """
 
 from __future__ import annotations
@@ -13,15 +18,16 @@ from __future__ import annotations
 import re
 from typing import Protocol
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*+[A-Za-z]")
 _CURSOR_UP = "\x1b[A"  # tqdm moves up after drawing a bar at position >= 1 (nested, e.g. eval)
-# `  4%|▍         | 13/300 [00:01<00:36,  7.95it/s]` with any description before the first |
-_BAR = re.compile(r"^[^{|]*\|[^|]*\|\s*(\d+)/(\d+)\s*\[[^\]]*\]")
+# `  4%|▍         | 13/300 [00:01<00:36,  7.95it/s]` with any description before the first |; a count of
+# more than 15 digits is no training bar (and would be no step).
+_BAR = re.compile(r"^[^{|]*+\|[^|]*+\|\s*+(\d{1,15})/(\d++)\s*+\[[^\]]*+\]")
 _CLEAR_MIN_SPACES = 8
-# A segment and its terminator; a pseudo-terminal ends lines with \r\n.
-_SEGMENT = re.compile(r"([^\r\n]*)(\r\n|\r|\n)")
 # Starts of a line that a trainer prints in one piece; only these are held open when cut.
-_LINE_START = re.compile(r"^(?:\{['\"]|(?:\([\w.-]+ pid=\d+[^)]*\)\s+)?step:\d+ - )")
+# (Possessive: `\d+[^)]*` without a `)` after it backtracked over every split of the digits.)
+_LINE_START = re.compile(r"^(?:\{['\"]|(?:\([\w.-]++ pid=\d++[^)]*+\)\s++)?step:\d++ - )")
+MAX_LINE_LENGTH = 1 << 20  # characters; the config's limits.max_line_length
 
 
 class ConsoleSink(Protocol):
@@ -35,24 +41,40 @@ class ConsoleSink(Protocol):
 
     def abandoned(self, text: str) -> None: ...  # an opened metric line whose rest never came
 
+    def overlong(self) -> None: ...  # a line longer than max_line_length was dropped
+
 
 class ConsoleFramer:
-    def __init__(self, sink: ConsoleSink) -> None:
+    def __init__(self, sink: ConsoleSink, max_line_length: int = MAX_LINE_LENGTH) -> None:
         self.sink = sink
-        self._carry = ""  # text after the last \r or \n, not yet terminated
+        self.max_line_length = max_line_length
+        self._held: list[str] = []  # text after the last \r or \n, not yet terminated, as it came
+        self._held_length = 0
+        self._skipping = False  # inside a line over max_line_length: dropped up to its end
         self._open: str | None = None  # start of a metric line cut by a \r
 
     def feed(self, text: str) -> None:
-        data = self._carry + text
+        if self._skipping:
+            text = self._skip_overlong(text)
+        if not text:
+            return
+        if self._extends_held(text):
+            self._hold(text)
+            return
+        data = "".join(self._held) + text if self._held else text
+        self._held, self._held_length = [], 0
         # A trailing \r may be the first half of a \r\n: wait for the next byte.
         cut = len(data) - 1 if data.endswith("\r") else len(data)
         last = max(data.rfind("\n", 0, cut), data.rfind("\r", 0, cut))
-        self._carry = data[last + 1 :]
         if last < 0:
+            self._hold(data)
             return
         # Splitting with str.split (C) and taking the common segments inline: one Python call
         # per segment was the framer's whole cost in a combined stream (three to four per record).
         lines = data[: last + 1].split("\n")
+        if last >= self.max_line_length and max(map(len, lines)) > self.max_line_length:
+            lines = [self._without_overlong(line) for line in lines]
+        self._hold(data[last + 1 :])
         tail = lines.pop()  # after the last \n: \r-terminated segments only (possibly none)
         for line in lines:
             if "\r" in line:
@@ -66,6 +88,44 @@ class ConsoleFramer:
             segments = tail.split("\r")
             segments.pop()  # the empty text after the tail's last \r
             self._segments(segments, False)
+
+    def _extends_held(self, text: str) -> bool:
+        """`text` ends no line: no \\n, no \\r but perhaps a last one (half of a \\r\\n?), and the held
+        text does not end with a \\r that this text would complete."""
+        if "\n" in text or (self._held and self._held[-1].endswith("\r")):
+            return False
+        cr = text.find("\r")
+        return cr < 0 or cr == len(text) - 1
+
+    def _hold(self, text: str) -> None:
+        if not text:
+            return
+        self._held.append(text)
+        self._held_length += len(text)
+        if self._held_length > self.max_line_length:
+            # Too long to be a line a trainer logs: let it go now, not when (if ever) it ends.
+            self._skipping = not text.endswith("\r")
+            self._held, self._held_length = [], 0
+            self.sink.overlong()
+
+    def _skip_overlong(self, text: str) -> str:
+        """The text after the end of the dropped line (from its \\r or \\n), or "" while it goes on."""
+        ends = [i for i in (text.find("\n"), text.find("\r")) if i >= 0]
+        if not ends:
+            return ""
+        self._skipping = False
+        return text[min(ends) :]
+
+    def _without_overlong(self, line: str) -> str:
+        """The \\n-line with each \\r-segment over the limit replaced by a blank, which frames as nothing."""
+        if len(line) <= self.max_line_length:
+            return line
+        segments = line.split("\r")
+        for i, segment in enumerate(segments):
+            if len(segment) > self.max_line_length:
+                segments[i] = " "
+                self.sink.overlong()
+        return "\r".join(segments)
 
     def _segments(self, segments: list[str], newline_last: bool) -> None:
         """\r-terminated segments, the last one \n-terminated when `newline_last`."""
@@ -90,8 +150,10 @@ class ConsoleFramer:
 
     def flush(self) -> None:
         """End of input: the unterminated tail is a line; an open line is given up."""
-        if self._carry:
-            tail, self._carry = self._carry, ""
+        self._skipping = False
+        if self._held:
+            tail = "".join(self._held)
+            self._held, self._held_length = [], 0
             self._segment(tail, True)
         if self._open is not None:
             self.sink.abandoned(self._open)

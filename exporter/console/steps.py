@@ -6,6 +6,11 @@ and redraws the bar. The redraw after a clear shows the step the line was logged
 stdout is block-buffered and the lines arrive many bar updates late: each clear-redraw pair is
 queued, and records take the queued steps in order. A stream with no bars numbers its records
 by ordinal.
+
+A clear whose redraw never comes (a line of spaces that only looks like one) must not hold the
+records after it: a clear before any bar draw is none, and once more records wait for one redraw
+than a stdout block can hold, they take their fallback steps (the console stream also lets them go
+after a few seconds).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from exporter.parsers.record import Record, RecordKind
 
 _NONE: list[Record] = []  # returned, never changed: most bar draws release nothing
 _MAX_QUEUED = 4096  # a stderr-only stream queues redraws that no record will take
+_MAX_WAITING = 256  # records after a clear waiting for its redraw; an 8 KB stdout block holds fewer
 
 
 class StepClock:
@@ -35,7 +41,13 @@ class StepClock:
         return self._release() if self._pending else _NONE
 
     def clear(self) -> None:
-        self._cleared = True
+        if self._bar is not None:  # no bar was ever drawn: this is no tqdm clear
+            self._cleared = True
+
+    @property
+    def waiting(self) -> bool:
+        """Records are held for a progress-bar redraw."""
+        return bool(self._pending)
 
     def record(self, rec: Record) -> list[Record]:
         if rec.step is not None:
@@ -43,7 +55,9 @@ class StepClock:
             return [rec]
         self._pending.append(rec)
         if self._cleared and not self._redraws:
-            return []  # unbuffered: the redraw that follows this line carries its step
+            if len(self._pending) <= _MAX_WAITING:
+                return []  # unbuffered: the redraw that follows this line carries its step
+            self._cleared = False  # no redraw is coming
         return self._release()
 
     def _release(self) -> list[Record]:

@@ -45,6 +45,10 @@ COMPONENT_STD = "reward_component_std"  # per component: one detector state per 
 # whose signal is rare at first would get a baseline of ~0; the upper quartile is the size of a real update.
 BASELINE_QUANTILE: dict[SeriesKey, float] = {("grad_norm", None): 0.75}
 
+# Carried facts about a run's start (`start:` keys survive a resume after them: (..., the step they were
+# complete at) is their last element).
+START_LOSS = "start:loss"
+
 SHORT = 5  # points of the short median: three of the last five beyond a limit make a level
 # Inputs that are zero on many single steps of a healthy run (reward std with a few groups per batch)
 # are judged by the share of recent points beyond their limit, which one outlier cannot move much:
@@ -337,14 +341,16 @@ def loss_sign_flip(ctx: BatchContext, v: StreamView) -> Evaluation:
     """The loss, clearly positive over the run's first 10 points, now clearly negative: its mean over the
     last 10 more than two standard errors below zero. A loss that merely hovers around zero (the GRPO
     surrogate) is neither, and flips sign all the time."""
-    seen = ctx.carry.get("loss_points", (0,))[0]
-    ctx.carry["loss_points"] = (seen + len(v.new_values),)
-    if "loss_start" not in ctx.carry and seen + len(v.new_values) >= SIGNAL:
-        first = v.values[v.start - seen :][:SIGNAL]
-        ctx.carry["loss_start"] = (float(first.mean() > 2 * first.std() / np.sqrt(SIGNAL)),)
+    if START_LOSS not in ctx.carry:
+        seen = ctx.carry.get("loss_points", (0,))[0]
+        ctx.carry["loss_points"] = (seen + len(v.new_values),)
+        if seen + len(v.new_values) >= SIGNAL:
+            first = v.values[v.start - seen :][:SIGNAL]
+            step10 = int(v.steps[v.start - seen + SIGNAL - 1])
+            ctx.carry[START_LOSS] = (float(first.mean() > 2 * first.std() / np.sqrt(SIGNAL)), step10)
     mean, std = v.rolling(SIGNAL, "mean"), v.rolling_std(SIGNAL)
     limit = -2 * std / np.sqrt(SIGNAL)
-    started_positive = ctx.carry.get("loss_start", (0.0,))[0] > 0
+    started_positive = ctx.carry.get(START_LOSS, (0.0,))[0] > 0
     with np.errstate(invalid="ignore"):
         cond = started_positive & (mean < limit)
     return Evaluation(v.new_steps, cond, mean, limit)

@@ -30,6 +30,7 @@ from exporter.instruments.series import Series
 from exporter.instruments.settings import DerivedSettings
 
 StateKey = tuple[str, str | None]  # (detector, sub-label value: the reward component, or None)
+REPLAY_POINTS = 4 * (TREND + SIGNAL)  # history judged again after a resume: a state held this long is a state
 _LOW, _HIGH, _REGION = ("clip_ratio", "low"), ("clip_ratio", "high"), ("clip_ratio", "region")
 
 
@@ -92,6 +93,11 @@ class DetectorSet:
         for key, (steps, values) in self._inputs_of(cols, nrows).items():
             views[key] = self._stream(key).push(steps, values)
         ctx = BatchContext(views, self.settings.thresholds, self.carry, self.rl, self.settings.detectors.clear_margin)
+        with np.errstate(all="ignore"):  # a logged 1e300 overflows a sum of squares: its statistic is inf, no error
+            self._judge(ctx, views, count)
+        ctx.commit()
+
+    def _judge(self, ctx: BatchContext, views: dict[SeriesKey, StreamView], count: bool) -> None:
         for d in self.detectors:
             per_sub = isinstance(d.input, str)
             targets = [(k, k[1]) for k in views if k[0] == d.input] if per_sub else [(d.input, None)]
@@ -105,13 +111,13 @@ class DetectorSet:
                 state = self._state(d, sub)
                 state.update(ev.steps, ev.cond, ev.raw, ev.clear, count)
                 self._last[d.name, sub] = (float(ev.value[-1]), float(ev.limit[-1]), int(ev.steps[-1]))
-        ctx.commit()
 
     def _inputs_of(self, cols: dict[SeriesKey, Column], nrows: int) -> dict[SeriesKey, tuple[np.ndarray, np.ndarray]]:
         out = {k: (c.steps, c.values) for k, c in cols.items() if k in self._inputs or k[0] == COMPONENT_STD}
         low, high, region = cols.get(_LOW), cols.get(_HIGH), cols.get(_REGION)
         if low is not None and high is not None:  # GRPO: low + high, at the records that logged both
-            out[CLIP_TOTAL] = _combine(low, high, nrows, lambda a, b: a + b)
+            with np.errstate(invalid="ignore"):  # inf + -inf is NaN, which the stream drops
+                out[CLIP_TOTAL] = _combine(low, high, nrows, lambda a, b: a + b)
         elif region is not None:  # TRL before the low/high split
             out[CLIP_TOTAL] = (region.steps, region.values)
         loss, kl = cols.get(("loss", None)), cols.get(("kl", None))
@@ -130,19 +136,27 @@ class DetectorSet:
     # --- a resumed run ----------------------------------------------------------------------------------
 
     def rebuild(self, series: dict[SeriesKey, Series], step: int) -> None:
-        """The run went back to `step`: judge the remaining history again, from the start, counting no
-        onset or spike twice. Baselines complete before `step` stay; the others are collected again."""
+        """The run went back to `step`: judge the last REPLAY_POINTS points of the remaining history again,
+        counting no onset or spike twice (a detector needs at most 60 points before a step, and a log whose
+        step goes back and forth must not cost a whole history each time). Baselines and other facts about
+        the run's start that were complete before `step` stay; the others are collected again."""
         for st in self.states.values():
             st.reset()
         self._last.clear()
-        self.carry.clear()
+        self.carry = {k: v for k, v in self.carry.items() if k.startswith("start:") and v[-1] < step}
         for s in self.streams.values():
             s.reset()
             s.baseline.cut_back(step)
         keys = [k for k in series if k in self._inputs or k[0] in (COMPONENT_STD, "clip_ratio")]
         if not keys:
             return
-        arrays = {k: series[k].arrays() for k in keys}
+        arrays = {}
+        for k in keys:
+            steps, values = series[k].arrays(REPLAY_POINTS)
+            b = self._stream(k).baseline
+            if not b.ready:  # a baseline collected again needs the input's first points
+                steps, values = series[k].arrays()
+            arrays[k] = (steps, values)
         all_steps = np.unique(np.concatenate([a[0] for a in arrays.values()]))
         cols = {}
         for k, (steps, values) in arrays.items():  # one row per step: records are matched by step

@@ -129,8 +129,10 @@ class StreamView:
             rows = ends[full] - size
             out[full] = _slope_t(np.lib.stride_tricks.sliding_window_view(self.steps, size)[rows].astype(float),
                                  np.lib.stride_tricks.sliding_window_view(self.values, size)[rows])
-        for j in np.flatnonzero(~full & (ends >= min_points)):  # the stream's first windows, shorter
-            out[j] = _slope_t(self.steps[None, : ends[j]].astype(float), self.values[None, : ends[j]])[0]
+        short = np.flatnonzero(~full & (ends >= min_points))  # the stream's first windows, shorter than size
+        if len(short):
+            out[short] = _expanding_slope_t(self.steps[: ends[short[-1]]].astype(float),
+                                            self.values[: ends[short[-1]]])[ends[short] - 1]
         return out
 
 
@@ -145,6 +147,25 @@ def _slope_t(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         resid = np.maximum(syy - slope * sxy, 0.0) / max(n - 2, 1)
         t = slope / np.sqrt(resid / sxx)
     t = np.where(resid > 1e-300, t, np.where(slope != 0, np.copysign(np.inf, slope), 0.0))
+    return np.where((sxx > 0) & (n >= 3), t, 0.0)
+
+
+def _expanding_slope_t(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """_slope_t of every prefix x[:k], y[:k] at once, from running sums (offsets removed first, so the sums of a
+    stream's first points lose no precision); the windows at a stream's start, before it holds a full one."""
+    x, y = x - x[0], y - y[0]
+    n = np.arange(1, len(x) + 1, dtype=float)
+    sx, sy = np.cumsum(x), np.cumsum(y)
+    sxx = np.cumsum(x * x) - sx * sx / n
+    sxy = np.cumsum(x * y) - sx * sy / n
+    syy = np.cumsum(y * y) - sy * sy / n
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slope = np.where(sxx > 0, sxy / sxx, 0.0)
+        resid = np.maximum(syy - slope * sxy, 0.0) / np.maximum(n - 2, 1)
+        t = slope / np.sqrt(resid / sxx)
+    # below this share of the spread the residual is rounding, not noise: a perfect line
+    exact = resid <= 1e-12 * np.maximum(syy, 1e-300) / np.maximum(n - 2, 1)
+    t = np.where(exact, np.where(slope != 0, np.copysign(np.inf, slope), 0.0), t)
     return np.where((sxx > 0) & (n >= 3), t, 0.0)
 
 

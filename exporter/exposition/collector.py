@@ -14,6 +14,8 @@ from exporter import __version__
 from exporter.app import Exporter
 from exporter.instruments.derived import DERIVED_HELP, threshold_series
 from exporter.instruments.keymap import INSTRUMENTS
+from exporter.instruments.run import KEY_DROP_REASONS
+from exporter.pipeline import LINE_DROP_REASONS
 
 
 def _labelled_gauge(name: str, doc: str) -> Metric:
@@ -166,10 +168,16 @@ class ExporterCollector(Collector):
                                       labels=["run", "kind"])
         last = GaugeMetricFamily(p + "last_record_timestamp_seconds", "Unix time of the last record "
                                  "(stall detection: time() minus this).", labels=["run"])
-        dropped = CounterMetricFamily(p + "keys_dropped", "Values of pass-through keys dropped because the "
-                                      "run reached limits.max_keys distinct keys.", labels=["run"])
-        skipped = CounterMetricFamily(p + "values_skipped", "Logged values that were not numbers (None, "
-                                      "strings), by reason.", labels=["run", "reason"])
+        dropped = CounterMetricFamily(p + "keys_dropped", "Values of keys left out, by reason: max_keys (past "
+                                      "limits.max_keys distinct keys: not exported as posttrain_metric, nor as a "
+                                      "label value such as a reward component), key_too_long (over "
+                                      "limits.max_key_length), key_not_utf8.", labels=["run", "reason"])
+        lines_dropped = CounterMetricFamily(p + "lines_dropped", "Lines dropped unread, by reason: too_long "
+                                            "(over limits.max_line_length characters).", labels=["run", "reason"])
+        skipped = CounterMetricFamily(p + "values_skipped", "Logged values not exported, by reason: not numbers "
+                                      "(none, non_numeric), out of a float's range (out_of_range), or steps that "
+                                      "are no non-negative integer below 2**53 (step_*; the record is kept "
+                                      "without its step).", labels=["run", "reason"])
         resets = CounterMetricFamily(p + "history_resets", "Times a run's step went backwards (resumed from "
                                      "a checkpoint) and its history was cut back.", labels=["run"])
         for name, run in ex.runs.items():
@@ -182,7 +190,10 @@ class ExporterCollector(Collector):
                 records.add_metric([name, kind], run.records[kind])
             if run.last_record_time:
                 last.add_metric([name], run.last_record_time)
-            dropped.add_metric([name], run.keys_dropped)
+            for reason in KEY_DROP_REASONS:
+                dropped.add_metric([name, reason], run.keys_dropped[reason])
+            for reason in LINE_DROP_REASONS:
+                lines_dropped.add_metric([name, reason], st.lines_dropped[reason])
             for reason, n in sorted(run.values_skipped.items()):
                 skipped.add_metric([name, reason], n)
             resets.add_metric([name], run.resets)
@@ -206,7 +217,7 @@ class ExporterCollector(Collector):
         info = GaugeMetricFamily(p + "build_info", "Version of the exporter, value 1.",
                                  labels=["version", "python_version"])
         info.add_metric([__version__, platform.python_version()], 1.0)
-        yield from (lines, errors, records, last, dropped, skipped, resets)
+        yield from (lines, errors, records, last, dropped, lines_dropped, skipped, resets)
         yield from (up, rotations, truncations, read_errors, read_bytes, info)
 
 

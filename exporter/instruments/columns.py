@@ -21,10 +21,12 @@ Shape = tuple[str, ...]
 
 @dataclass(frozen=True, slots=True)
 class ShapePlan:
-    """Which position of a record shape feeds which series."""
+    """Which position of a record shape feeds which series, and which keys of it are exported at all."""
 
     series: tuple[SeriesKey, ...]
     positions: tuple[int, ...]
+    exported: tuple[int, ...] | None = None  # positions of the keys exported as pass-through (None: all)
+    dropped: tuple[tuple[str, int], ...] = ()  # (reason, keys) each record of the shape loses to a limit
 
 
 @dataclass(frozen=True, slots=True)

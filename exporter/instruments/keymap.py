@@ -190,6 +190,7 @@ class Target:
     instrument: str
     label_value: str | None
     priority: int
+    label_from_key: bool = False  # the label value is part of the key (a pattern rule): any number of them
 
 
 class KeyMap:
@@ -210,6 +211,7 @@ class KeyMap:
         for rx, rule in self._patterns:
             m = rx.match(key)
             if m:
-                return Target(rule.instrument, m.group("v") if "v" in rx.groupindex else rule.label_value,
-                              rule.priority)
+                if "v" in rx.groupindex:
+                    return Target(rule.instrument, m.group("v"), rule.priority, label_from_key=True)
+                return Target(rule.instrument, rule.label_value, rule.priority)
         return None

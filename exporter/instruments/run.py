@@ -4,6 +4,7 @@ Read its series, derived state and counters after refresh(): training records ar
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -17,17 +18,28 @@ from exporter.instruments.keymap import INSTRUMENTS, KeyMap
 from exporter.instruments.series import Series
 from exporter.instruments.settings import DerivedSettings
 from exporter.parsers.record import Record, RecordKind
+from exporter.parsers.values import MAX_STEP
+
+log = logging.getLogger(__name__)
 
 SeriesKey = tuple[str, str | None]  # (instrument, sub-label value)
 # Training records wait in a batch of this many before they reach the series: applying a batch
 # moves whole columns with C-level calls and numpy instead of one Python step per key and record.
 BATCH_RECORDS = 1024
+# Record shapes whose plan is kept: a trainer prints a handful; a log whose every line brings new keys
+# must not fill memory with plans.
+_MAX_PLANS = 64
+# Reasons a key is not exported (posttrain_exporter_keys_dropped_total), all exported from the start.
+KEY_DROP_REASONS = ("max_keys", "key_too_long", "key_not_utf8")
+# Skipped values that are routine (HF prints None for a NaN) and not worth a log line.
+_ROUTINE_SKIPS = frozenset({"none", "non_numeric"})
 
 
 @dataclass
 class RunLimits:
-    max_keys: int = 500  # distinct pass-through keys per run
+    max_keys: int = 500  # distinct keys per run: pass-through keys, which also bound a family's label values
     history_limit: int = 2048  # points of history kept per series
+    max_key_length: int = 128  # characters in a key, and so in a label value taken from one
 
 
 @dataclass
@@ -42,7 +54,7 @@ class RunState:
     finished: bool = False
     last_record_time: float = 0.0
     records: Counter[str] = field(default_factory=Counter)  # by kind
-    keys_dropped: int = 0
+    keys_dropped: Counter[str] = field(default_factory=Counter)  # values of keys not exported, by reason
     values_skipped: Counter[str] = field(default_factory=Counter)  # by reason
     resets: int = 0
     nonfinite: Counter[SeriesKey] = field(default_factory=Counter)  # NaN/inf values, by series
@@ -50,6 +62,8 @@ class RunState:
     detectors: DetectorSet = field(init=False)
     _plans: dict[Shape, ShapePlan] = field(init=False, default_factory=dict)
     _pending: list[Record] = field(init=False, default_factory=list, repr=False)
+    _admitted: set[str] = field(init=False, default_factory=set, repr=False)  # keys counted against max_keys
+    _warned: set[str] = field(init=False, default_factory=set, repr=False)  # reasons already logged
 
     def __post_init__(self) -> None:
         self.derived = DerivedState(self.settings, {n: i.label for n, i in INSTRUMENTS.items()})
@@ -59,10 +73,17 @@ class RunState:
         """Counters at once; the record's values wait in a batch that is applied when it is full or
         before the state is read (refresh)."""
         assert rec.step is not None, "records reach a run with a step"
+        if not 0 <= rec.step <= MAX_STEP:  # the parsers check steps; this guards the int64 history
+            self.values_skipped["step_out_of_range"] += len(rec.numbers)
+            self._warn_once("step_out_of_range", f"dropped a record at step {rec.step}, which the history cannot "
+                            "hold; further ones are only counted in posttrain_exporter_values_skipped_total")
+            return
+        if len(rec.numbers) > self.limits.max_keys:
+            rec = self.narrowed(rec)
         self.records[rec.kind] += 1
         self.last_record_time = time.time()
         if rec.skipped:
-            self.values_skipped.update(rec.skipped)
+            self._skip_values(rec.skipped)
         if rec.kind is RecordKind.TRAIN:
             if rec.step < self.step:
                 self._apply()
@@ -84,13 +105,28 @@ class RunState:
         self._apply()
         self.derived.refresh(self.series, dict(self.detectors.baselines()))
 
+    def narrowed(self, rec: Record) -> Record:
+        """The record without its keys over max_key_length, and without its keys past the first max_keys
+        (both counted as dropped): a record from a huge line must not wait in a batch whole."""
+        limit = self.limits.max_key_length
+        keep = [i for i, k in enumerate(rec.shape) if len(k) <= limit]
+        self._drop_keys("key_too_long", len(rec.shape) - len(keep))
+        self._drop_keys("max_keys", len(keep) - self.limits.max_keys)
+        del keep[self.limits.max_keys :]
+        return rec if len(keep) == len(rec.shape) else rec.subset(keep)
+
     def _apply(self) -> None:
         if not self._pending:
             return
         batch, self._pending = self._pending, []
         shapes = rows_by_shape(batch)
-        self._pass_through(shapes, batch)
-        cols = batch_columns(batch, shapes, self._plan)
+        # Planned in order of first appearance, so that keys are admitted under max_keys in record order.
+        plans = {shape: self._plan(shape) for shape in shapes}
+        for shape, rows in shapes.items():
+            for reason, n in plans[shape].dropped:
+                self._drop_keys(reason, n * len(rows))
+        self._pass_through(shapes, plans, batch)
+        cols = batch_columns(batch, shapes, plans.__getitem__)
         series = self.series
         for sk, col in cols.items():
             s = series.get(sk)
@@ -103,36 +139,82 @@ class RunState:
         self.detectors.on_batch(cols, len(batch))
 
     def _plan(self, shape: Shape) -> ShapePlan:
-        """Which key feeds which series, for one record shape; trainers repeat a few shapes, so the
-        key table and the priorities are consulted once per shape, not once per record."""
+        """Which key feeds which series, and which keys are exported, for one record shape; trainers
+        repeat a few shapes, so the key table, the priorities and the limits are consulted once per
+        shape, not once per record."""
         plan = self._plans.get(shape)
         if plan is None:
-            chosen: dict[SeriesKey, tuple[int, int]] = {}  # series -> (priority, position)
-            for pos, k in enumerate(shape):
-                t = self.keymap.resolve(k)
-                if t is not None:
-                    sk = (t.instrument, t.label_value)
-                    if sk not in chosen or t.priority < chosen[sk][0]:
-                        chosen[sk] = (t.priority, pos)
-            if len(self._plans) >= 4096:  # a trainer with ever-new shapes: keep the cache bounded
+            plan = self._new_plan(shape)
+            if len(self._plans) >= _MAX_PLANS:
                 self._plans.clear()
-            plan = self._plans[shape] = ShapePlan(tuple(chosen), tuple(pos for _, pos in chosen.values()))
+            self._plans[shape] = plan
         return plan
 
-    def _pass_through(self, shapes: dict[Shape, list[int]], batch: list[Record]) -> None:
-        """Every key's last value. Under the cap, the last record of each shape, in record order,
-        is all it takes; near the cap, which keys get in depends on record order, so record by record."""
-        pt, cap = self.passthrough, self.limits.max_keys
-        if len(pt) + sum(map(len, shapes)) <= cap:
-            for shape, rows in sorted(shapes.items(), key=lambda item: item[1][-1]):
-                pt.update(zip(shape, batch[rows[-1]].numbers, strict=True))
-            return
-        for rec in batch:
-            for k, v in zip(rec.shape, rec.numbers, strict=True):
-                if k in pt or len(pt) < cap:
-                    pt[k] = v
-                else:
-                    self.keys_dropped += 1
+    def _new_plan(self, shape: Shape) -> ShapePlan:
+        chosen: dict[SeriesKey, tuple[int, int]] = {}  # series -> (priority, position)
+        exported: list[int] = []
+        dropped: Counter[str] = Counter()
+        for pos, k in enumerate(shape):
+            refused = self._admit(k)
+            if refused is None:
+                exported.append(pos)
+            else:
+                dropped[refused] += 1
+                if refused != "max_keys":
+                    continue  # a key past max_keys still feeds its canonical series
+            t = self.keymap.resolve(k)
+            if t is None or (t.label_from_key and refused is not None):
+                continue  # ... but makes no label value (a reward component): their number is bounded too
+            sk = (t.instrument, t.label_value)
+            if sk not in chosen or t.priority < chosen[sk][0]:
+                chosen[sk] = (t.priority, pos)
+        return ShapePlan(tuple(chosen), tuple(pos for _, pos in chosen.values()),
+                         None if len(exported) == len(shape) else tuple(exported), tuple(dropped.items()))
+
+    def _admit(self, key: str) -> str | None:
+        """Admits a key to the run's exported keys, or says why not: too long, not text a scrape can carry,
+        or past max_keys distinct keys."""
+        if len(key) > self.limits.max_key_length:
+            return "key_too_long"
+        if not key.isascii() and not _is_utf8(key):
+            return "key_not_utf8"  # a lone surrogate from a JSON escape would fail every scrape
+        if key not in self._admitted:
+            if len(self._admitted) >= self.limits.max_keys:
+                return "max_keys"
+            self._admitted.add(key)
+        return None
+
+    def _pass_through(self, shapes: dict[Shape, list[int]], plans: dict[Shape, ShapePlan],
+                      batch: list[Record]) -> None:
+        """Every exported key's last value: the last record of each shape, in record order."""
+        pt = self.passthrough
+        for shape, rows in sorted(shapes.items(), key=lambda item: item[1][-1]):
+            numbers, exported = batch[rows[-1]].numbers, plans[shape].exported
+            if exported is None:
+                pt.update(zip(shape, numbers, strict=True))
+            else:
+                pt.update((shape[i], numbers[i]) for i in exported)
+
+    def _drop_keys(self, reason: str, n: int) -> None:
+        if n > 0:
+            self.keys_dropped[reason] += n
+            self._warn_once(reason, f"dropped values of keys ({reason}: limits max_keys={self.limits.max_keys}, "
+                            f"max_key_length={self.limits.max_key_length}); further ones are only counted in "
+                            "posttrain_exporter_keys_dropped_total")
+
+    def _skip_values(self, skipped: dict[str, int]) -> None:
+        self.values_skipped.update(skipped)
+        for reason in skipped:
+            if reason not in _ROUTINE_SKIPS:
+                what = ("read a record without its step, which is no non-negative integer below 2**53"
+                        if reason.startswith("step_") else "skipped a value beyond a float's range")
+                self._warn_once(reason, f"{what} ({reason}); further ones are only counted in "
+                                "posttrain_exporter_values_skipped_total")
+
+    def _warn_once(self, reason: str, message: str) -> None:
+        if reason not in self._warned:
+            self._warned.add(reason)
+            log.warning("run %s: %s", self.name, message)
 
     def _rewind(self, step: int) -> None:
         self.resets += 1
@@ -140,3 +222,11 @@ class RunState:
             s.cut_back(step)
         self.derived.rebuild(self.series)
         self.detectors.rebuild(self.series, step)
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

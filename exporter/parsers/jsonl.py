@@ -3,59 +3,102 @@
 from __future__ import annotations
 
 import json
-import math
+import re
+from itertools import accumulate
 
 from exporter.parsers.record import ParseError, Record
-from exporter.parsers.values import Skip, to_float
+from exporter.parsers.values import Skip, count_skip, int_to_float, step_of_number, step_or_none, to_float
 
 _STEP_KEYS = ("step", "global_step", "_step")
+
+# Nesting levels of objects and arrays a document may have; deeper is a parse error ("too_deep"), checked
+# before json.loads, which would otherwise recurse until RecursionError.
+MAX_JSON_DEPTH = 64
+# A JSON string, its closing quote optional so that an unterminated one is consumed once, not rescanned.
+_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+"?', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]++")
+_DEPTH_CHANGE = {"{": 1, "[": 1, "}": -1, "]": -1}
+# An integer with more digits is beyond a float's range, and int() refuses 4,300 digits.
+_MAX_INT_DIGITS = 310
+
+
+class _OutOfRange:
+    """What a JSON integer too long to be a float becomes: skipped as `out_of_range`."""
+
+
+OUT_OF_RANGE = _OutOfRange()
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of objects and arrays outside strings (a bound on json.loads' recursion)."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    return max(accumulate(map(_DEPTH_CHANGE.__getitem__, brackets)), default=0)
+
+
+def loads_bounded(text: str, fmt: str, reason: str = "bad_json") -> object:
+    """json.loads, with the nesting depth bounded and over-long integers marked OUT_OF_RANGE.
+    Raises ParseError (`too_deep`, or `reason` for invalid JSON)."""
+    if text.count("{") + text.count("[") > MAX_JSON_DEPTH and json_depth(text) > MAX_JSON_DEPTH:
+        raise ParseError("too_deep", f"nested deeper than {MAX_JSON_DEPTH} levels", fmt)
+    try:
+        return json.loads(text, parse_int=_parse_int)
+    except ValueError as e:
+        raise ParseError(reason, str(e)[:80], fmt) from None
+
+
+def _parse_int(text: str) -> int | _OutOfRange:
+    return int(text) if len(text) <= _MAX_INT_DIGITS else OUT_OF_RANGE
 
 
 def flatten_numeric(obj: dict, prefix: str, values: dict[str, float], skipped: dict[str, int]) -> None:
     for key, v in obj.items():
         name = f"{prefix}{key}"
         if isinstance(v, bool) or v is None:
-            reason = "none" if v is None else "non_numeric"
-            skipped[reason] = skipped.get(reason, 0) + 1
-        elif isinstance(v, int | float):
-            values[name] = float(v)
+            count_skip(skipped, "none" if v is None else "non_numeric")
+        elif isinstance(v, float):
+            values[name] = v
+        elif isinstance(v, int):
+            try:
+                values[name] = int_to_float(v)
+            except Skip as s:
+                count_skip(skipped, s.reason)
         elif isinstance(v, dict):
             flatten_numeric(v, f"{name}/", values, skipped)
         elif isinstance(v, str):
             try:
                 values[name] = to_float(v)
             except Skip as s:
-                skipped[s.reason] = skipped.get(s.reason, 0) + 1
+                count_skip(skipped, s.reason)
         else:
-            skipped["non_numeric"] = skipped.get("non_numeric", 0) + 1
+            count_skip(skipped, "out_of_range" if v is OUT_OF_RANGE else "non_numeric")
 
 
-def _step_of(v: object) -> int | None:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        return None
-    return int(v)
+def step_of_json(v: object) -> int:
+    """A JSON value as a step (raises Skip): an integer too long to read is too large."""
+    if v is OUT_OF_RANGE:
+        raise Skip("step_too_large")
+    return step_of_number(v)
 
 
 def parse_json_line(line: str) -> Record | None:
     s = line.strip()
     if not s.startswith('{"'):
         return None
-    try:
-        obj = json.loads(s)
-    except ValueError as e:
-        raise ParseError("bad_json", str(e), "jsonl") from None
+    obj = loads_bounded(s, "jsonl")
     if not isinstance(obj, dict):
         return None
     values: dict[str, float] = {}
     skipped: dict[str, int] = {}
     if isinstance(obj.get("data"), dict):  # verl file logger
-        step = _step_of(obj.get("step"))
+        step = step_or_none(step_of_json, obj["step"], skipped) if "step" in obj else None
         flatten_numeric(obj["data"], "", values, skipped)
         fmt = "verl_jsonl"
     else:
-        step = next((_step_of(obj[k]) for k in _STEP_KEYS if k in obj), None)
+        key = next((k for k in _STEP_KEYS if k in obj), None)
+        step = None if key is None else step_or_none(step_of_json, obj[key], skipped)
         flatten_numeric({k: v for k, v in obj.items() if k not in _STEP_KEYS}, "", values, skipped)
         fmt = "jsonl"
     if not values:
-        raise ParseError("no_numeric_values", s[:80], "jsonl")
+        why = f" (skipped: {', '.join(skipped)})" if skipped else ""
+        raise ParseError("no_numeric_values", s[:60] + why, "jsonl")
     return Record(values=values, fmt=fmt, step=step, skipped=skipped)

@@ -9,7 +9,7 @@ import re
 
 from exporter.parsers.quoted import QuotedShapes
 from exporter.parsers.record import ParseError, Record
-from exporter.parsers.values import Skip, to_float
+from exporter.parsers.values import Skip, step_of_digits, step_or_none, to_float
 
 # key: '...' or "..." (repr switches quotes when the key holds a '); value: a quoted string, whose
 # inside is captured apart (transformers 5 quotes every number), or anything up to the next , or }
@@ -18,9 +18,9 @@ _PAIR = re.compile(r"""(?:'([^']*)'|"([^"]*)")\s*:\s*(?:'([^']*)'|("[^"]*"|[^,{}
 _OPENRLHF = re.compile(r"Global step (\d+):\s*(\{.*)$")
 
 
-def parse_pairs(body: str, fmt: str, step: int | None = None) -> Record:
+def parse_pairs(body: str, fmt: str, step: int | None = None, skipped: dict[str, int] | None = None) -> Record:
     values: dict[str, float] = {}
-    skipped: dict[str, int] = {}
+    skipped = {} if skipped is None else skipped
     for k1, k2, quoted, raw in _PAIR.findall(body):
         try:
             values[k1 or k2] = float(quoted or raw)  # the common case, without the slower path's checks
@@ -63,4 +63,6 @@ def parse_openrlhf(line: str) -> Record | None:
     body = m.group(2).rstrip()
     if not body.endswith("}"):
         raise ParseError("truncated", body[-40:], "openrlhf")
-    return parse_pairs(body[1:-1], "openrlhf", step=int(m.group(1)))
+    skipped: dict[str, int] = {}
+    step = step_or_none(step_of_digits, m.group(1), skipped)
+    return parse_pairs(body[1:-1], "openrlhf", step, skipped)

@@ -1,12 +1,14 @@
 """The fast path for transformers 5's console lines, where every value is a quoted string:
 `'loss': '6.176', 'grad_norm': '4.169', ...` (the body of the dict, without its braces).
 
-A trainer prints a few record shapes (the same keys in the same order) over and over. The first
-line of a shape is cut with one str.split and checked; it then gets a pattern of its own, the
-shape's keys as literal text with a group for each value, so that the next lines of that shape
-are read by one fullmatch (which also checks the whole line) and share one keys tuple. Anything
-else (a value that is not a number, a quote inside a key or value, a new shape beyond the cache)
-returns None and goes to the general pair parser."""
+A trainer prints a few record shapes (the same keys in the same order) over and over. A line of a
+new shape is cut with one str.split and checked; when the shape comes a second time it gets a
+pattern of its own, the shape's keys as literal text with a group for each value, so that the next
+lines of that shape are read by one fullmatch (which also checks the whole line) and share one keys
+tuple. Not at the first line, and not for long lines: a stream whose every line brings new keys
+would compile a pattern per line, and `re` keeps the last 512 it compiled. Anything else (a value
+that is not a number, a quote inside a key or value, a new shape beyond the cache) returns None and
+goes to the general pair parser."""
 
 from __future__ import annotations
 
@@ -15,11 +17,14 @@ import re
 from exporter.parsers.record import Record
 
 _MAX_SHAPES = 16  # patterns kept, most recently used first; a trainer has a handful of shapes
+_MAX_SEEN_ONCE = 16  # shapes seen once, waiting for a second line to earn a pattern
+_MAX_PATTERN_CHARS = 8192  # longer lines are read by str.split each time (a GRPO line is about 1,500)
 
 
 class QuotedShapes:
     def __init__(self) -> None:
         self._shapes: list[tuple[re.Pattern[str], tuple[str, ...]]] = []
+        self._seen_once: dict[tuple[str, ...], tuple[str, ...]] = {}  # keys -> the first line's keys tuple
 
     def parse(self, body: str) -> Record | None:
         shapes = self._shapes
@@ -33,9 +38,21 @@ class QuotedShapes:
         if split is None:
             return None
         keys, values = split
-        shapes.insert(0, (_pattern_of(keys), keys))
-        del shapes[_MAX_SHAPES:]
+        if len(body) <= _MAX_PATTERN_CHARS:
+            keys = self._remember(keys)
         return _record(keys, values)
+
+    def _remember(self, keys: tuple[str, ...]) -> tuple[str, ...]:
+        """The shape's keys tuple, shared by its lines; a shape seen before gets its pattern."""
+        first = self._seen_once.pop(keys, None)
+        if first is None:
+            if len(self._seen_once) >= _MAX_SEEN_ONCE:
+                del self._seen_once[next(iter(self._seen_once))]  # the oldest
+            self._seen_once[keys] = keys
+            return keys
+        self._shapes.insert(0, (_pattern_of(first), first))
+        del self._shapes[_MAX_SHAPES:]
+        return first
 
 
 def _record(keys: tuple[str, ...], values: tuple[str, ...] | list[str]) -> Record | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-from functools import lru_cache
 
 
 class RecordKind(enum.StrEnum):  # a str: counters keyed by kind read as "train", "eval", "summary"
@@ -44,14 +43,22 @@ class Record:
         return rec
 
     def _fill(self, shape: tuple[str, ...], numbers: list[float], fmt: str, step: int | None,
-              skipped: dict[str, int], values: dict[str, float] | None) -> None:
+              skipped: dict[str, int], values: dict[str, float] | None, kind: RecordKind | None = None) -> None:
         self.shape = shape
         self.numbers = numbers
         self.fmt = fmt
         self.step = step  # the record's own step, when the format carries one
         self.skipped = skipped  # reason -> count of values not exported (never written after this)
-        self.kind = classify(shape)
+        self.kind = classify(shape) if kind is None else kind
         self._values = values
+
+    def subset(self, positions: list[int]) -> Record:
+        """The record with only the keys at `positions`; its kind, format, step and skips unchanged."""
+        rec = Record.__new__(Record)
+        shape, numbers = self.shape, self.numbers
+        rec._fill(tuple(shape[i] for i in positions), [numbers[i] for i in positions], self.fmt, self.step,
+                  self.skipped, None, self.kind)
+        return rec
 
     @property
     def values(self) -> dict[str, float]:
@@ -63,8 +70,26 @@ class Record:
         return f"Record({self.values!r}, {self.fmt!r}, step={self.step!r}, kind={self.kind.value})"
 
 
-@lru_cache(maxsize=1024)  # a trainer prints a few record shapes over and over
+# Kinds of the shapes seen last: a trainer prints a few record shapes over and over. Bounded in
+# shapes and in the size of each, so that lines that each bring new keys cannot fill memory.
+_KINDS: dict[tuple[str, ...], RecordKind] = {}
+_MAX_KINDS = 64
+_MAX_KIND_KEYS = 512
+_MAX_KIND_CHARS = 16384
+
+
 def classify(keys: tuple[str, ...]) -> RecordKind:
+    kind = _KINDS.get(keys)
+    if kind is None:
+        kind = _classify(keys)
+        if len(keys) <= _MAX_KIND_KEYS and sum(map(len, keys)) <= _MAX_KIND_CHARS:
+            if len(_KINDS) >= _MAX_KINDS:
+                _KINDS.clear()
+            _KINDS[keys] = kind
+    return kind
+
+
+def _classify(keys: tuple[str, ...]) -> RecordKind:
     if not SUMMARY_KEYS.isdisjoint(keys):
         return RecordKind.SUMMARY
     metric_keys = [k for k in keys if k not in NEUTRAL_KEYS]

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 
 from exporter.parsers.record import Record
-from exporter.parsers.values import Skip, to_float
+from exporter.parsers.values import Skip, step_of_text, step_or_none, to_float
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,7 @@ class RegexFormat:
             except Skip as s:
                 skipped[s.reason] = skipped.get(s.reason, 0) + 1
         if step_texts:
-            try:
-                step = int(float(step_texts[0]))
-            except ValueError:
-                step = None
+            step = step_or_none(step_of_text, step_texts[0], skipped)
         if not values:
             return None
         return Record(values=values, fmt=f"regex:{self.name}", step=step, skipped=skipped)

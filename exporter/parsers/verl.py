@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from exporter.parsers.record import ParseError, Record
-from exporter.parsers.values import Skip, to_float
+from exporter.parsers.values import Skip, step_of_digits, step_or_none, to_float
 
 _LINE = re.compile(r"^(?:\([\w.-]+ pid=\d+(?:, ip=[\d.]+)?\)\s+)?step:(\d+)\s+-\s+(.*)$")
 
@@ -19,6 +19,7 @@ def parse_verl_console(line: str) -> Record | None:
         return None
     values: dict[str, float] = {}
     skipped: dict[str, int] = {}
+    step = step_or_none(step_of_digits, m.group(1), skipped)
     for part in m.group(2).split(" - "):
         key, sep, raw = part.partition(":")
         if not sep:
@@ -27,4 +28,4 @@ def parse_verl_console(line: str) -> Record | None:
             values[key.strip()] = to_float(raw)
         except Skip as s:
             skipped[s.reason] = skipped.get(s.reason, 0) + 1
-    return Record(values=values, fmt="verl_console", step=int(m.group(1)), skipped=skipped)
+    return Record(values=values, fmt="verl_console", step=step, skipped=skipped)
