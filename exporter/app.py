@@ -13,10 +13,12 @@ from exporter.config import Config, LogSpec
 from exporter.instruments.keymap import KeyMap
 from exporter.instruments.run import RunLimits, RunState
 from exporter.parsers.chain import LineParserChain
-from exporter.parsers.record import ParseError
+from exporter.parsers.record import ParseError, Record
 from exporter.pipeline import ConsoleStream, IngestStats, warn_once
 from exporter.sources.files import FileFollower, FollowStats
 from exporter.sources.stdin import StdinReader
+from exporter.sources.tensorboard import FMT as TB_FORMAT
+from exporter.sources.tensorboard import TensorBoardReader, looks_like_tensorboard
 from exporter.sources.trainer_state import TrainerStateReader, looks_like_trainer_state
 
 log = logging.getLogger(__name__)
@@ -121,6 +123,40 @@ class TrainerStateInput(Input):
                   "ones are only counted in posttrain_exporter_parse_errors_total", self.spec.path, reason)
 
 
+class TensorBoardInput(Input):
+    """A Trainer's TensorBoard event files: scalars with their exact steps. The writer flushes every couple of
+    minutes, so a step's scalars are ingested once a later step appears or the files stop growing."""
+
+    def __init__(self, spec: LogSpec, run: RunState, stats: IngestStats) -> None:
+        self.spec = spec
+        self.run = run
+        self.stats = stats
+        self.reader = TensorBoardReader(spec.path)
+        self.follow = FollowStats()
+
+    def poll(self) -> bool:
+        records = self.reader.poll()
+        if not self.reader.grew:
+            records += self.reader.finish()
+        self.follow.up = self.reader.up
+        self._ingest(records)
+        return bool(records)
+
+    def finish(self) -> None:
+        self._ingest(self.reader.finish())
+
+    def _ingest(self, records: list[Record]) -> None:
+        for reason, n in self.reader.errors.items():
+            self.stats.lines[TB_FORMAT, "error"] += n
+            self.stats.parse_errors[TB_FORMAT, reason] += n
+            warn_once(self.run.name, (TB_FORMAT, reason), "%s: event records skipped (%s); further ones are only "
+                      "counted in posttrain_exporter_parse_errors_total", self.spec.path, reason)
+        self.reader.errors.clear()
+        for rec in records:
+            self.stats.lines[TB_FORMAT, "record"] += 1
+            self.run.ingest(rec)
+
+
 class Exporter:
     def __init__(self, cfg: Config, specs: Iterable[LogSpec]) -> None:
         self.cfg = cfg
@@ -144,6 +180,8 @@ class Exporter:
         stats = self.stats[spec.run]
         if spec.format == "trainer_state" or (spec.format == "auto" and looks_like_trainer_state(spec.path)):
             return TrainerStateInput(spec, run, stats)
+        if spec.format == TB_FORMAT or (spec.format == "auto" and looks_like_tensorboard(spec.path)):
+            return TensorBoardInput(spec, run, stats)
         stream = ConsoleStream(run, stats, LineParserChain(spec.format, self.cfg.formats), self.cfg.max_line_length)
         return ReaderInput(spec, stream) if spec.path == "-" else FileInput(spec, stream)
 

@@ -82,3 +82,22 @@ def test_a_folder_with_several_event_files_is_read_in_order(tmp_path: Path) -> N
     shutil.copy(src, tmp_path / "a" / "events.out.tfevents.1000.host.1.0")
     recs, _ = read_all(tmp_path)
     assert len(recs) == 304 and recs[0].step == 1
+
+
+def test_the_exporter_reads_a_trainers_event_files_as_a_run() -> None:
+    """Pointed at the folder the Trainer writes (auto-detected), the run has the same steps and detector state
+    as when it reads the console log; its eval and summary records count as such."""
+    from exporter.app import Exporter
+    from exporter.config import Config, LogSpec
+
+    tb = Exporter(Config(), [LogSpec(str(EVENTS), "tb")])
+    tb.read_to_end()
+    console = Exporter(Config(), [LogSpec(str(TRL / "grpo" / "combined.log"), "c")])
+    console.read_to_end()
+    a, b = tb.runs["tb"], console.runs["c"]
+    assert a.step == b.step == 300 and a.finished
+    assert dict(a.records) == dict(b.records)
+    assert a.series["kl", None].last_value == pytest.approx(b.series["kl", None].last_value, rel=1e-3)
+    assert [r.detector.name for r in a.detectors.readings() if r.state.episodes] == \
+        [r.detector.name for r in b.detectors.readings() if r.state.episodes]
+    assert tb.stats["tb"].lines["tensorboard", "record"] == 304

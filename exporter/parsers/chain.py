@@ -21,7 +21,7 @@ BUILTIN_FORMATS: dict[str, LineParser] = {
     "katib": parse_katib_anywhere,
 }
 # Not a line format: trainer_state.json is read whole (sources/trainer_state.py).
-FILE_FORMATS = frozenset({"trainer_state"})
+FILE_FORMATS = frozenset({"trainer_state", "tensorboard"})
 
 
 def _hf_anywhere(line: str) -> Record | None:

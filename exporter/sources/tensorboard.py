@@ -152,6 +152,13 @@ def console_key(tag: str) -> str:
 # --- following the files ------------------------------------------------------------------------------
 
 
+def looks_like_tensorboard(path: str) -> bool:
+    """An event file, or a folder holding some (a Trainer's `runs/` or `output_dir`)."""
+    if "tfevents" in os.path.basename(path):
+        return True
+    return os.path.isdir(path) and bool(glob.glob(os.path.join(path, "**", "*tfevents*"), recursive=True))
+
+
 @dataclass
 class _File:
     path: str
@@ -168,6 +175,7 @@ class TensorBoardReader:
     errors: dict[str, int] = field(default_factory=dict)  # reason -> count
     files: dict[str, _File] = field(default_factory=dict)
     up: bool = False
+    grew: bool = False  # the last poll read new bytes
     _step: int | None = None
     _values: dict[str, float] = field(default_factory=dict)
 
@@ -184,10 +192,12 @@ class TensorBoardReader:
         out: list[Record] = []
         paths = self._paths()
         self.up = bool(paths)
+        before = sum(f.offset for f in self.files.values())
         for p in paths:
             f = self.files.setdefault(p, _File(p))
             if not f.broken:
                 out += self._read(f)
+        self.grew = sum(f.offset for f in self.files.values()) != before
         return out
 
     def finish(self) -> list[Record]:
