@@ -1,13 +1,16 @@
-"""Command line: `serve` (the sidecar), `dump` (read logs once, print the exposition), `report` (judge finished
-runs), `demo`."""
+"""Command line: `serve` (the sidecar), `run` (the trainer as a child, its output passed through and read),
+`dump` (read logs once, print the exposition), `report` (judge finished runs), `demo`."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import re
 import signal
 import sys
 import threading
+from collections import defaultdict
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -20,11 +23,16 @@ from exporter.config import DEFAULT_LISTEN, Config, ConfigError, LogSpec, defaul
 from exporter.config import parse_listen_address as _parse_listen
 from exporter.exposition.collector import ExporterCollector
 from exporter.exposition.server import build_app, serve_http
+from exporter.exposition.webconfig import WebConfig, load_web_config
 from exporter.gpu import GpuCollector, GpuSampler, SamplerConfig
-from exporter.parsers.chain import BUILTIN_FORMATS, FILE_FORMATS
+from exporter.parsers.chain import BUILTIN_FORMATS, FILE_FORMATS, LineParserChain
+from exporter.pipeline import ConsoleStream
 from exporter.report.command import FAIL_ON, run_report
 from exporter.report.command import FORMATS as REPORT_FORMATS
+from exporter.sources.child import FORWARDED_SIGNALS, ChildOutput, run_child
 from exporter.sources.replay import ReplayReader, demo_log_text
+from exporter.sources.stdin import StdinReader
+from exporter.sources.tensorboard import looks_like_tensorboard
 
 PROG = "posttrain-exporter"
 log = logging.getLogger(PROG)
@@ -48,12 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="follow trainer logs and serve /metrics (the sidecar)")
     s.add_argument("--log", dest="logs", action="append", default=[], metavar="PATH",
-                   help="log file to follow (repeatable); '-' reads standard input")
-    s.add_argument("--config", help="YAML config file")
-    s.add_argument("--listen-address", help=f"HOST:PORT to serve on (default {DEFAULT_LISTEN})")
-    s.add_argument("--run", help="run label for the logs given with --log (default: the file's stem)")
-    s.add_argument("--format", default="auto", help=f"pin the line format ({', '.join(formats)}, or a config one)")
-    s.add_argument("--no-gpu", action="store_true", help="do not sample GPUs through NVML")
+                   help="log file to follow (repeatable); '-' reads standard input and copies it to standard output")
+    _serve_options(s, formats)
+
+    r = sub.add_parser("run", help="run the trainer as a child: its output passes through and is read, its exit "
+                       "status is ours", usage=f"{PROG} run [serve options] -- COMMAND [ARG ...]")
+    r.add_argument("--log", dest="logs", action="append", default=[], metavar="PATH",
+                   help="a log file to follow besides the trainer's output (repeatable), e.g. trainer_state.json")
+    _serve_options(r, formats)
+    r.add_argument("--linger", type=float, default=0.0, metavar="SECONDS",
+                   help="keep serving this long after the trainer exited, for a last scrape (default 0)")
+    r.add_argument("child", nargs="+", metavar="COMMAND", help="the trainer's command line, after --")
 
     d = sub.add_parser("dump", help="read logs to their end and print the Prometheus exposition")
     d.add_argument("paths", nargs="+", metavar="PATH", help="log file(s); '-' reads standard input")
@@ -73,24 +86,112 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--runbook-base", default=RUNBOOK_BASE, help="the runbooks' URL the findings link to")
 
     m = sub.add_parser("demo", help="replay a bundled real TRL GRPO log at an accelerated pace and serve /metrics")
-    m.add_argument("--listen-address", default=DEFAULT_LISTEN, help=f"HOST:PORT (default {DEFAULT_LISTEN})")
+    _web_options(m, DEFAULT_LISTEN)
     m.add_argument("--steps-per-second", type=float, default=5.0, help="replay pace (default 5)")
     m.add_argument("--once", action="store_true", help="stop serving new records after one pass")
     return p
 
 
-def _specs(cfg: Config, paths: list[str], run: str | None, fmt: str) -> list[LogSpec]:
+def _web_options(p: argparse.ArgumentParser, default: str | None) -> None:
+    shown = default or DEFAULT_LISTEN
+    p.add_argument("--web.listen-address", "--listen-address", dest="listen_address", default=default,
+                   metavar="HOST:PORT", help=f"address to serve on (default {shown}; IPv6 as [::1]:9847, [::]:9847 "
+                   "for both families)")
+    p.add_argument("--web.config.file", dest="web_config_file", metavar="PATH",
+                   help="TLS and basic auth, in the Prometheus exporter-toolkit format (as node_exporter)")
+
+
+def _serve_options(p: argparse.ArgumentParser, formats: list[str]) -> None:
+    p.add_argument("--config", help="YAML config file")
+    _web_options(p, None)
+    p.add_argument("--run", help="run label for the logs given with --log (default: the file's stem)")
+    p.add_argument("--format", default="auto", help=f"pin the line format ({', '.join(formats)}, or a config one)")
+    p.add_argument("--no-gpu", action="store_true", help="do not sample GPUs through NVML")
+
+
+_LABEL_VALUE = re.compile(r"^[^\s{}]+$")  # as the config's run labels
+
+
+def _specs(cfg: Config, paths: list[str], run: str | None, fmt: str, *, child: LogSpec | None = None) -> list[LogSpec]:
+    """The logs to read: the config's, then those of --log. With `child` (the `run` command: the trainer's
+    output, first, under its own name) no log is needed and standard input is not one."""
     known = {"auto", *BUILTIN_FORMATS, *FILE_FORMATS, *(f.name for f in cfg.formats)}
     if fmt not in known:
         raise UsageError(f"--format: unknown format {fmt!r} (known: {', '.join(sorted(known))})")
-    specs = list(cfg.logs)
+    _check_run_label(run)
+    specs = [child] if child else []
+    explicit = [True] if child else []
+    specs += cfg.logs
+    explicit += [bool(cfg.run) or s.run != default_run_name(s.path) for s in cfg.logs]
     for path in paths:
         specs.append(LogSpec(path, run or cfg.run or default_run_name(path), fmt))
+        explicit.append(bool(run or cfg.run))
     if not specs:
         raise UsageError("no log to read: pass --log PATH (or '-' for standard input), or list `logs` in --config")
     if sum(s.path == "-" for s in specs) > 1:
-        raise UsageError("standard input ('-') can be read only once")
-    return specs
+        raise UsageError("run reads the trainer's output: standard input ('-') cannot be a log here" if child
+                         else "standard input ('-') can be read only once")
+    return _distinct_runs(specs, explicit)
+
+
+def _check_run_label(run: str | None) -> None:
+    if run is not None and not _LABEL_VALUE.match(run):
+        raise UsageError(f"--run: {run!r} is not a run label: give a non-empty name without spaces or braces")
+
+
+def _distinct_runs(specs: list[LogSpec], explicit: list[bool]) -> list[LogSpec]:
+    """Two different sources never merge into one run silently: two logs named the same way by their file
+    name get names from their folders (and it is logged); two logs given the same run name are an error,
+    since their records would interleave into one history (a reset at every step of the other)."""
+    seen: set[tuple[str, str]] = set()
+    out: list[LogSpec] = []
+    named_by_user: list[bool] = []
+    for spec, given in zip(specs, explicit, strict=True):  # the same file listed twice (config and --log): once
+        key = (spec.path if spec.path == "-" else os.path.realpath(spec.path), spec.run)
+        if key in seen:
+            log.info("%s is listed twice for run %s: reading it once", spec.path, spec.run)
+            continue
+        seen.add(key)
+        out.append(spec)
+        named_by_user.append(given)
+    explicit = named_by_user
+    by_run: dict[str, list[int]] = defaultdict(list)
+    for i, spec in enumerate(out):
+        by_run[spec.run].append(i)
+    for name, idx in by_run.items():
+        if len(idx) < 2:
+            continue
+        named = [i for i in idx if explicit[i]]
+        if len(named) > 1:
+            paths = " and ".join(out[i].path for i in named)
+            raise UsageError(f"run {name!r}: logs {paths} would merge into one run; give each its own run "
+                             "(`logs: [{path, run}]` in --config, or one serve per run)")
+        derived = [i for i in idx if not explicit[i]]
+        others = (set(by_run) - {name}) | ({name} if named else set())
+        for i, unique in zip(derived, _names_from_folders([out[i].path for i in derived], others), strict=True):
+            log.info("%s: run %r is taken by another log; naming this one %r (set a run to choose)",
+                     out[i].path, name, unique)
+            out[i] = LogSpec(out[i].path, unique, out[i].format)
+    return out
+
+
+def _names_from_folders(paths: list[str], taken: set[str]) -> list[str]:
+    """`a/trainer_state.json`, `b/trainer_state.json` -> `a/trainer_state`, `b/trainer_state`: the fewest parent
+    folders that tell them apart (and from the runs in `taken`)."""
+    parts = [os.path.abspath(p).split(os.sep)[:-1] for p in paths]
+    bases = [default_run_name(p) for p in paths]
+    for n in range(1, max(map(len, parts)) + 1):
+        names = ["/".join([*(f for f in folders[-n:] if f), base]) for folders, base in zip(parts, bases, strict=True)]
+        if len(set(names)) == len(names) and not set(names) & taken and all(map(_LABEL_VALUE.match, names)):
+            return names
+    names, used = [], set(taken)
+    for base in bases:  # folders do not tell them apart (or hold spaces): number them
+        i = 2
+        while f"{base}-{i}" in used:
+            i += 1
+        used.add(f"{base}-{i}")
+        names.append(f"{base}-{i}")
+    return names
 
 
 def _registry(exporter: Exporter, with_process: bool, gpu: GpuSampler | None = None) -> CollectorRegistry:
@@ -110,16 +211,22 @@ def _gpu_sampler(cfg: Config, disabled: bool) -> GpuSampler | None:
                                            visible_devices=cfg.gpu.visible_devices))
 
 
+def _readable(specs: list[LogSpec]) -> None:
+    """A log read once must exist: a file that opens, or a folder of TensorBoard event files."""
+    for s in specs:
+        if s.path == "-" or looks_like_tensorboard(s.path):
+            continue
+        try:
+            with open(s.path, "rb"):
+                pass
+        except OSError as e:
+            raise UsageError(f"cannot read log {s.path}: {e.strerror}") from None
+
+
 def cmd_dump(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     specs = _specs(cfg, args.paths, args.run, args.format)
-    for s in specs:
-        if s.path != "-":
-            try:
-                with open(s.path, "rb"):
-                    pass
-            except OSError as e:
-                raise UsageError(f"cannot read log {s.path}: {e.strerror}") from None
+    _readable(specs)
     exporter = Exporter(cfg, specs)
     exporter.read_to_end()
     gpu = _gpu_sampler(cfg, args.no_gpu)
@@ -136,51 +243,112 @@ def cmd_dump(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     specs = _specs(cfg, args.paths, args.run, "auto")
-    for s in specs:
-        if s.path != "-" and not Path(s.path).is_file():
-            raise UsageError(f"cannot read log {s.path}: no such file")
+    _readable(specs)
     return run_report(cfg, specs, args.out_format, args.out, args.fail_on, args.runbook_base)
 
 
-def _serve(exporter: Exporter, listen: str, loop, gpu: GpuSampler | None = None) -> int:
+def _serve(exporter: Exporter, listen: str, loop, gpu: GpuSampler | None = None, web: WebConfig | None = None) -> int:
     host, port, _ = _parse_listen(listen)
     try:
-        httpd = serve_http(host, port, build_app(_registry(exporter, True, gpu), lambda: exporter.heartbeat))
+        httpd = serve_http(host, port, build_app(_registry(exporter, True, gpu), lambda: exporter.heartbeat), web)
     except OSError as e:
-        raise UsageError(f"cannot listen on {listen}: {e.strerror}; pick another with --listen-address") from None
+        raise UsageError(f"cannot listen on {listen}: {e.strerror or e}; pick another with --web.listen-address") \
+            from None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     if gpu is not None:
         gpu.start()
     try:
-        loop(stop)
+        return loop(stop) or 0
     finally:
         httpd.shutdown()
         if gpu is not None:
             gpu.stop()
-    return 0
+
+
+def _web(args: argparse.Namespace) -> WebConfig | None:
+    return load_web_config(args.web_config_file)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
+    web = _web(args)
     specs = _specs(cfg, args.logs, args.run, args.format)
     exporter = Exporter(cfg, specs)
+    for inp in exporter.inputs:  # standard input is copied to standard output: the pod log stays whole
+        if isinstance(inp, ReaderInput) and inp.spec.path == "-":
+            inp.reader = StdinReader(tee_fd=sys.stdout.fileno())
     listen = args.listen_address or cfg.listen_address
     _parse_listen(listen)
-    return _serve(exporter, listen, exporter.follow_forever, _gpu_sampler(cfg, args.no_gpu))
+    return _serve(exporter, listen, _resilient(exporter.follow_forever), _gpu_sampler(cfg, args.no_gpu), web)
+
+
+def _resilient(follow):
+    """An ingest bug must not end the sidecar (and with `--log -`, break the trainer's pipe): it is logged once
+    and the loop starts again; standard input keeps being read and copied meanwhile (its own thread)."""
+
+    def loop(stop: threading.Event) -> None:
+        failures = 0
+        while not stop.is_set():
+            try:
+                follow(stop)
+            except Exception:
+                failures += 1
+                if failures == 1:
+                    log.exception("ingest failed; going on (further failures are only counted)")
+                stop.wait(1.0)
+
+    return loop
+
+
+def _child_run_name(argv: list[str]) -> str:
+    """`python train.py` -> `train`: the first argument that names a script, else the program's name."""
+    for a in argv:
+        if not a.startswith("-") and os.path.splitext(a)[1] in (".py", ".sh"):
+            return default_run_name(a)
+    return default_run_name(argv[0]) or "run"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    web = _web(args)
+    if args.linger < 0:
+        raise UsageError("--linger must be 0 or more seconds")
+    _check_run_label(args.run)
+    # --run names the trainer's run here; a --log beside it is named by its file (or by the config)
+    child_spec = LogSpec("-", args.run or cfg.run or _child_run_name(args.child), args.format)
+    specs = _specs(cfg, args.logs, None, args.format, child=child_spec)
+    listen = args.listen_address or cfg.listen_address
+    _parse_listen(listen)
+    exporter = Exporter(cfg, specs[1:])
+    run = exporter.run_state(child_spec.run)
+    stream = ConsoleStream(run, exporter.stats[child_spec.run], LineParserChain(child_spec.format, cfg.formats),
+                           cfg.max_line_length)
+
+    def loop(stop: threading.Event) -> int:
+        try:  # started once the address is bound: a port taken or a bad web config never starts the trainer
+            child = ChildOutput(args.child)
+        except OSError as e:
+            raise UsageError(f"cannot start {args.child[0]}: {e.strerror or e}") from None
+        with exporter.lock:
+            exporter.inputs.insert(0, ReaderInput(child_spec, stream, reader=child))
+        log.info("run: trainer started (pid %d), its output read as run %s", child.pid, child_spec.run)
+        for sig in FORWARDED_SIGNALS:
+            signal.signal(sig, lambda signum, _frame: (child.forward(signum), stop.set()))
+        return run_child(child, exporter.poll_once, stop, min(cfg.poll_interval_seconds, 0.25), args.linger)
+
+    return _serve(exporter, listen, loop, _gpu_sampler(cfg, args.no_gpu), web)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.steps_per_second <= 0:
         raise UsageError("--steps-per-second must be greater than 0")
     cfg = Config(poll_interval_seconds=0.1)
+    web = _web(args)
     exporter = Exporter(cfg, [])
     spec = LogSpec("bundled:grpo_demo.log", "demo-grpo")
     run = exporter.run_state(spec.run)
-    from exporter.parsers.chain import LineParserChain
-    from exporter.pipeline import ConsoleStream
-
     stream = ConsoleStream(run, exporter.stats[spec.run], LineParserChain())
     reader = ReplayReader(demo_log_text(), args.steps_per_second, loop=not args.once)
     exporter.inputs.append(ReaderInput(spec, stream, reader=reader))
@@ -192,14 +360,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
             exporter.poll_once()
             stop.wait(cfg.poll_interval_seconds)
 
-    return _serve(exporter, args.listen_address, loop, _gpu_sampler(cfg, False))
+    return _serve(exporter, args.listen_address, loop, _gpu_sampler(cfg, False), web)
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        commands = {"serve": cmd_serve, "dump": cmd_dump, "report": cmd_report, "demo": cmd_demo}
+        commands = {"serve": cmd_serve, "run": cmd_run, "dump": cmd_dump, "report": cmd_report, "demo": cmd_demo}
         return commands[args.command](args)
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

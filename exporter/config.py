@@ -269,4 +269,4 @@ def parse_listen_address(text: str, where: str = "--listen-address") -> tuple[st
     ok = port.isdigit() and 0 <= int(port) <= 65535
     _expect(ok, where, f"{text!r} is not HOST:PORT (e.g. 0.0.0.0:{DEFAULT_PORT})")
     host = host.strip("[]") or "0.0.0.0"
-    return host, int(port), f"{host}:{port}"
+    return host, int(port), f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

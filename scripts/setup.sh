@@ -8,6 +8,7 @@ missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
 command -v mtail >/dev/null || missing+=(mtail)
+command -v openssl >/dev/null || missing+=(openssl)  # tests/test_web.py makes its TLS certificates with it
 command -v chromium >/dev/null || missing+=(chromium)  # the report's HTML page, tested in a real browser
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

@@ -41,8 +41,8 @@ def test_unreadable_config(tmp_path) -> None:
 
 def test_config_error_names_the_field(tmp_path) -> None:
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("logs:\n  - path: /logs/train.log\n    format: tensorboard\n")
-    assert "logs[0].format: unknown format 'tensorboard'" in one_line_error(run_cli("serve", "--config", str(cfg)))
+    cfg.write_text("logs:\n  - path: /logs/train.log\n    format: wandb\n")
+    assert "logs[0].format: unknown format 'wandb'" in one_line_error(run_cli("serve", "--config", str(cfg)))
 
 
 def test_port_in_use() -> None:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -160,6 +161,16 @@ STRMAP = {"type": "object", "additionalProperties": {"type": "string"}}
 METADATA = {"type": "object", "required": ["name"],
             "properties": {"name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63},
                            "labels": STRMAP, "annotations": STRMAP}}
+# SecretKeySelector, SafeTLSConfig and BasicAuth of prometheus-operator's API reference (monitoring.coreos.com/v1).
+SECRET_KEY = {"type": "object", "required": ["key"], "additionalProperties": False,
+              "properties": {"name": {"type": "string"}, "key": {"type": "string"}, "optional": {"type": "boolean"}}}
+SECRET_OR_CONFIGMAP = {"type": "object", "additionalProperties": False,
+                       "properties": {"secret": SECRET_KEY, "configMap": SECRET_KEY}}
+SAFE_TLS_CONFIG = {"type": "object", "additionalProperties": False, "properties": {
+    "ca": SECRET_OR_CONFIGMAP, "cert": SECRET_OR_CONFIGMAP, "keySecret": SECRET_KEY, "serverName": {"type": "string"},
+    "insecureSkipVerify": {"type": "boolean"}, "minVersion": {"type": "string"}, "maxVersion": {"type": "string"}}}
+BASIC_AUTH = {"type": "object", "additionalProperties": False,
+              "properties": {"username": SECRET_KEY, "password": SECRET_KEY}}
 # The essential fields of prometheus-operator's monitoring.coreos.com/v1 CRDs (their openAPIV3Schema: field
 # names, types, Duration pattern, required fields), written from the operator's API reference.
 CRD_SCHEMAS = {
@@ -179,7 +190,8 @@ CRD_SCHEMAS = {
                         "port": {"type": "string"}, "portNumber": {"type": "integer"}, "path": {"type": "string"},
                         "scheme": {"enum": ["http", "https"]}, "interval": DURATION,
                         "scrapeTimeout": DURATION, "honorLabels": {"type": "boolean"},
-                        "relabelings": {"type": "array"}, "metricRelabelings": {"type": "array"}}}}}}}},
+                        "relabelings": {"type": "array"}, "metricRelabelings": {"type": "array"},
+                        "tlsConfig": SAFE_TLS_CONFIG, "basicAuth": BASIC_AUTH}}}}}}},
     "PrometheusRule": {
         "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
         "properties": {
@@ -448,3 +460,123 @@ def test_dashboard_configmaps_are_those_of_grafana(rendered):
 def test_dashboards_can_be_turned_off(chart):
     docs = render(chart, {"dashboards": {"enabled": False}})
     assert [d for d in of_kind(docs, "ConfigMap") if "grafana_dashboard" in d["metadata"]["labels"]] == []
+
+
+# --- TLS and basic auth: the web config's Secret and the PodMonitor's scrape settings ---------------------------
+
+WEB = {"secretName": "posttrain-web", "tls": True, "basicAuth": True}
+SCRAPE_AUTH = {"scheme": "https", "tlsConfig": {"ca": {"secret": {"name": "posttrain-web", "key": "ca.crt"}},
+                                                "serverName": "posttrain-exporter"},
+               "basicAuth": {"username": {"name": "posttrain-scrape", "key": "username"},
+                             "password": {"name": "posttrain-scrape", "key": "password"}}}
+
+
+@pytest.fixture(scope="module")
+def secured(chart) -> list[dict]:
+    return render(chart, {"exampleJob": {"enabled": True}, "sidecar": {"webConfig": WEB}, "podMonitor": SCRAPE_AUTH})
+
+
+def test_web_config_secret_is_mounted_and_passed(secured):
+    spec = pod_spec(secured)
+    side = sidecar_of(spec)
+    args = build_parser().parse_args(side["args"])
+    assert args.web_config_file == "/etc/posttrain-exporter-web/web.yml"
+    assert {"name": "posttrain-exporter-web", "mountPath": "/etc/posttrain-exporter-web", "readOnly": True} \
+        in side["volumeMounts"]
+    (vol,) = [v for v in spec["volumes"] if v["name"] == "posttrain-exporter-web"]
+    assert vol["secret"] == {"secretName": "posttrain-web"}
+    # basic auth on every path: the kubelet's probes check the port (an HTTP probe would get 401)
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert side[probe]["tcpSocket"] == {"port": "metrics"} and "httpGet" not in side[probe]
+
+
+def test_web_config_with_tls_only_probes_over_https(chart):
+    side = sidecar_of(pod_spec(render(chart, {"exampleJob": {"enabled": True},
+                                              "sidecar": {"webConfig": {"secretName": "w", "tls": True}}})))
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert side[probe]["httpGet"] == {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}
+
+
+def test_no_web_config_by_default(rendered):
+    for case in ("example", "fallback"):
+        spec = pod_spec(rendered[case])
+        side = sidecar_of(spec)
+        assert build_parser().parse_args(side["args"]).web_config_file is None
+        assert all(v["name"] != "posttrain-exporter-web" for v in spec["volumes"])
+        assert all(m["name"] != "posttrain-exporter-web" for m in side["volumeMounts"])
+
+
+def test_podmonitor_scrapes_with_tls_and_basic_auth(secured, kval):
+    (pm,) = of_kind(secured, "PodMonitor")
+    jsonschema.Draft7Validator(CRD_SCHEMAS["PodMonitor"]).validate(pm)
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"] == SCRAPE_AUTH["tlsConfig"] and endpoint["basicAuth"] == SCRAPE_AUTH["basicAuth"]
+    for doc in secured:
+        if doc["kind"] not in CRD_SCHEMAS:
+            kval.validate(doc, kval.utils.latest_version(), strict=True)
+
+
+def test_lint_is_clean_with_web_config(helm):
+    report = helm.lint(CHART, {"exampleJob": {"enabled": True}, "sidecar": {"webConfig": WEB},
+                               "podMonitor": SCRAPE_AUTH}, strict=True, kube_version="v" + NATIVE_SIDECAR_MIN)
+    assert not report["errors"] and [m for m in report["messages"] if m["severity"] >= 2] == [], report
+
+
+@pytest.mark.parametrize(("values", "where"), [
+    ({"podMonitor": {"scheme": "tcp"}}, "/podMonitor/scheme"),
+    ({"podMonitor": {"tlsConfig": {"caFile": "/etc/ca.crt"}}}, "additional properties 'caFile' not allowed"),
+    ({"podMonitor": {"basicAuth": {"username": "prometheus"}}}, "/podMonitor/basicAuth/username"),
+    ({"sidecar": {"webConfig": {"secretName": "w", "key": "a/b"}}}, "/sidecar/webConfig/key"),
+    ({"sidecar": {"webConfig": {"secret": "w"}}}, "additional properties 'secret' not allowed"),
+])
+def test_schema_refuses_wrong_web_values(helm, chart, values, where):
+    with pytest.raises(helm.HelmValuesError) as e:
+        chart.render(values=values, name=RELEASE)
+    assert where in str(e.value), str(e.value)
+
+
+def test_web_config_from_a_secret_serves_tls_and_auth_for_real(chart, tmp_path):
+    """The rendered sidecar's arguments, with the Secret's files where the chart mounts them, start a real exporter
+    that answers https with basic auth, as the PodMonitor's settings scrape it."""
+    require_binary("openssl")
+    import base64
+    import ssl
+
+    import bcrypt
+    from support.certs import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    secret = tmp_path / "secret"  # what the kubelet puts at webConfig.mountPath
+    secret.mkdir()
+    for src, name in ((pki.server_cert, "tls.crt"), (pki.server_key, "tls.key")):
+        (secret / name).write_bytes(src.read_bytes())
+    hashed = bcrypt.hashpw(b"scrape-pass", bcrypt.gensalt(rounds=4)).decode()
+    web = {"tls_server_config": {"cert_file": "tls.crt", "key_file": "tls.key"},
+           "basic_auth_users": {"prometheus": hashed}}
+    (secret / "web.yml").write_text(yaml.safe_dump(web))
+    side = sidecar_of(pod_spec(render(chart, {"exampleJob": {"enabled": True}, "sidecar": {"webConfig": WEB}})))
+    log, port = tmp_path / "train.log", free_port()
+    log.write_text("{'loss': 0.5, 'grad_norm': 1.0, 'learning_rate': 1e-05, 'epoch': 0.1}\n")
+    args = [a.replace("/logs/train.log", str(log)).replace("/etc/posttrain-exporter/config.yaml", os.devnull)
+            .replace("0.0.0.0:9847", f"127.0.0.1:{port}").replace("/etc/posttrain-exporter-web", str(secret))
+            for a in side["args"]] + ["--no-gpu"]
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        ctx = ssl.create_default_context(cafile=str(pki.ca))
+        auth = {"Authorization": "Basic " + base64.b64encode(b"prometheus:scrape-pass").decode()}
+        deadline, body = time.monotonic() + 20, ""
+        while time.monotonic() < deadline and "posttrain_loss{" not in body:
+            try:
+                req = urllib.request.Request(f"https://localhost:{port}/metrics", headers=auth)
+                body = urllib.request.urlopen(req, timeout=2, context=ctx).read().decode()
+            except OSError:
+                time.sleep(0.2)
+        assert 'posttrain_loss{run="example-grpo"} 0.5' in body
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"https://localhost:{port}/metrics", timeout=2, context=ctx)
+        assert e.value.code == 401
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0, proc.stderr.read().decode()

@@ -50,8 +50,12 @@ def serve(tmp_path):
 
     def start(*args: str, stdin=None) -> tuple[int, subprocess.Popen]:
         port = free_port()
-        p = subprocess.Popen(exporter_cmd("serve", "--listen-address", f"127.0.0.1:{port}", *args), cwd=REPO,
-                             stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # standard output to a file: with `--log -` the exporter copies its input there, and a pipe nobody
+        # reads would fill and hold it (as it would hold the trainer: the copy is the trainer's own output)
+        with (tmp_path / f"stdout-{port}").open("wb") as out:
+            p = subprocess.Popen(exporter_cmd("serve", "--listen-address", f"127.0.0.1:{port}", *args), cwd=REPO,
+                                 stdin=stdin, stdout=out, stderr=subprocess.PIPE)
+        p.stdout_path = tmp_path / f"stdout-{port}"  # type: ignore[attr-defined]
         procs.append(p)
         return port, p
 
@@ -85,12 +89,14 @@ def test_waits_for_a_log_that_does_not_exist_yet(serve, tmp_path) -> None:
 def test_stdin_keeps_serving_after_input_ends(serve) -> None:
     port, popen = serve("--log", "-", stdin=subprocess.PIPE)
     # the unbuffered combined stream of a real run, progress bars included
-    popen.stdin.write((TRL / "dpo" / "combined_unbuffered.log").read_bytes())
+    data = (TRL / "dpo" / "combined_unbuffered.log").read_bytes()
+    popen.stdin.write(data)
     popen.stdin.close()
     text = wait_for(port, lambda t: value(t, "posttrain_run_finished", run="stdin") == 1)
     assert value(text, "posttrain_step", run="stdin") == 200
     time.sleep(0.5)
     assert scrape(port, "/healthz")[0] == 200 and popen.poll() is None
+    assert popen.stdout_path.read_bytes() == data  # the trainer's output reached the pod log, byte for byte
 
 
 def test_demo_serves_live_metrics_from_the_bundled_log() -> None:

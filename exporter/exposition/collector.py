@@ -201,8 +201,12 @@ class ExporterCollector(Collector):
                                "poll.", labels=["run", "path"])
         rotations = CounterMetricFamily(p + "source_rotations", "Log files replaced under the same path "
                                         "(rename or delete and recreate).", labels=["run", "path"])
-        truncations = CounterMetricFamily(p + "source_truncations", "Log files that shrank (copytruncate) "
-                                          "and were read again from the start.", labels=["run", "path"])
+        truncations = CounterMetricFamily(p + "source_truncations", "Log files that shrank or whose start was "
+                                          "rewritten (copytruncate) and were read again from the start.",
+                                          labels=["run", "path"])
+        resumed = CounterMetricFamily(p + "source_resumed", "Log files that came back (moved away and back, put "
+                                      "back as a copy, after a read error) and were read on from where they "
+                                      "were, not again from the start.", labels=["run", "path"])
         read_errors = CounterMetricFamily(p + "source_read_errors", "Failed reads of a log source.",
                                           labels=["run", "path"])
         read_bytes = CounterMetricFamily(p + "source_read_bytes", "Bytes read from a log source.",
@@ -212,13 +216,14 @@ class ExporterCollector(Collector):
             up.add_metric(lv, 1.0 if inp.follow.up else 0.0)
             rotations.add_metric(lv, inp.follow.rotations)
             truncations.add_metric(lv, inp.follow.truncations)
+            resumed.add_metric(lv, inp.follow.resumed)
             read_errors.add_metric(lv, inp.follow.read_errors)
             read_bytes.add_metric(lv, inp.follow.bytes_read)
         info = GaugeMetricFamily(p + "build_info", "Version of the exporter, value 1.",
                                  labels=["version", "python_version"])
         info.add_metric([__version__, platform.python_version()], 1.0)
         yield from (lines, errors, records, last, dropped, lines_dropped, skipped, resets)
-        yield from (up, rotations, truncations, read_errors, read_bytes, info)
+        yield from (up, rotations, truncations, resumed, read_errors, read_bytes, info)
 
 
 def _series_order(item: tuple[tuple[str, str | None], object]) -> tuple[str, str]:

@@ -2,98 +2,223 @@
 
 Handles growth, a partial last line (the framer holds it until its end arrives), rotation by
 rename and delete-and-recreate (the old file is read to its end, then the new one from its start),
-copytruncate (the file shrinks: read again from its start), a file that does not exist yet, and
-read errors (counted, retried)."""
+copytruncate (the file shrinks, or its start is rewritten: read again from its start), a file that
+does not exist yet, and read errors (counted, retried).
+
+A file is known by its identity (device and inode) and its fingerprint (its first bytes, up to
+FINGERPRINT_BYTES, and the last bytes read before the offset reached). A file that was let go (it
+vanished, or a read failed) and comes back is read on from where it was left, never again from its
+start: moved away and back, a brief read error, or the same content put back under a new inode
+(a copy, an rsync) all resume, while a new file that only reuses a freed inode number is read whole."""
 
 from __future__ import annotations
 
 import codecs
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 1 << 20
+FINGERPRINT_BYTES = 4096
+REMEMBERED_FILES = 16  # files let go whose offsets are kept, most recent first to stay
 
 
 @dataclass
 class FollowStats:
     up: bool = False  # the file exists and could be read at the last poll
-    rotations: int = 0
-    truncations: int = 0
+    rotations: int = 0  # another file took the path (rename, delete and recreate): read from its start
+    truncations: int = 0  # the file shrank or its start was rewritten (copytruncate): read again from its start
+    resumed: int = 0  # a file read before came back (moved back, after a read error): read on from its offset
     read_errors: int = 0
     bytes_read: int = 0
+
+
+@dataclass
+class _Mark:
+    """How far a file was read, and the bytes that tell it again: its first bytes and the last ones read."""
+
+    dev: int
+    ino: int
+    offset: int = 0
+    head: bytes = b""  # the file's first bytes, up to FINGERPRINT_BYTES
+    tail: bytes = b""  # the FINGERPRINT_BYTES (or fewer) bytes just before `offset`
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.dev, self.ino
+
+    def advance(self, data: bytes) -> None:
+        if len(self.head) < FINGERPRINT_BYTES:
+            self.head += data[: FINGERPRINT_BYTES - len(self.head)]
+        self.tail = (self.tail + data[-FINGERPRINT_BYTES:])[-FINGERPRINT_BYTES:]
+        self.offset += len(data)
+
+    def rewind(self) -> None:
+        self.offset, self.head, self.tail = 0, b"", b""
 
 
 class FileFollower:
     def __init__(self, path: str) -> None:
         self.path = path
         self.stats = FollowStats()
-        self._f = None  # the open file object (binary)
-        self._ino: tuple[int, int] | None = None
+        self._fd: int | None = None  # the open file, held across polls to follow renames
+        self._mark: _Mark | None = None  # the open file's identity and progress
+        self._let_go: OrderedDict[tuple[int, int], _Mark] = OrderedDict()
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._line_ended = True  # whether the last byte handed out ended a line
+        self._last_read: _Mark | None = None  # the file whose bytes were handed out last
         self._warned_missing = False
 
     def poll(self) -> Iterator[str]:
         """Everything new since the last poll, decoded, one chunk at a time (a large existing log is
         never held whole in memory)."""
         try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            if self._f is not None:
-                yield from self._drain()  # deleted: what was written before the delete still counts
-                self._close()
-            if not self._warned_missing:
-                log.info("waiting for %s to appear", self.path)
-                self._warned_missing = True
-            self.stats.up = False
-            return
-        except OSError as e:
-            self._failed(e)
-            return
-        try:
-            if self._f is not None and (st.st_dev, st.st_ino) != self._ino:
-                yield from self._drain()  # rotated: finish the old file, then start the new one
-                self._close()
-                self.stats.rotations += 1
-            if self._f is None:
-                self._open(st)
-            elif st.st_size < self._f.tell():
-                self._f.seek(0)  # copytruncate
-                self.stats.truncations += 1
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:
+                if self._fd is not None:
+                    yield from self._drain()  # moved away or deleted: what was written before still counts
+                    self._release()
+                if not self._warned_missing:
+                    log.info("waiting for %s to appear", self.path)
+                    self._warned_missing = True
+                self.stats.up = False
+                return
+            if self._mark is not None and (st.st_dev, st.st_ino) != self._mark.key:
+                yield from self._drain()  # rotated: finish the old file, then take the new one
+                self._release()
+            if self._fd is None:
+                yield from self._open()
+            elif self._restarted(st):
+                yield from self._end_previous()
             self.stats.up = True
             yield from self._drain()
         except OSError as e:
             self._failed(e)
 
     def close(self) -> None:
-        self._close()
+        self._release()
 
-    def _open(self, st: os.stat_result) -> None:
-        self._f = open(self.path, "rb")  # noqa: SIM115 - held open across polls to follow renames
-        self._ino = (st.st_dev, st.st_ino)
+    # --- opening: resume a known file, or start one ---------------------------------------------
+
+    def _open(self) -> Iterator[str]:
+        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            st = os.fstat(fd)  # the file actually opened (the path may have changed since the stat)
+            outcome, mark = self._recognise(fd, st)
+            if mark is not None:
+                os.lseek(fd, mark.offset, os.SEEK_SET)
+        except OSError:
+            os.close(fd)
+            raise
         self._warned_missing = False
+        self._fd, self._mark = fd, mark or _Mark(st.st_dev, st.st_ino)
+        if outcome == "resumed":
+            self.stats.resumed += 1
+            log.info("%s came back: reading on from byte %d", self.path, self._mark.offset)
+            if self._mark is not self._last_read:  # another file was read meanwhile
+                yield from self._end_previous()
+            return
+        if outcome == "truncated":
+            self.stats.truncations += 1
+        elif self._last_read is not None:  # a file was read before: this one replaces it
+            self.stats.rotations += 1
+        yield from self._end_previous()
+
+    def _recognise(self, fd: int, st: os.stat_result) -> tuple[str, _Mark | None]:
+        """("resumed", its mark) for a file let go before: the same identity and first bytes, or its
+        content put back under a new inode (first bytes and the bytes before the offset); ("truncated",
+        None) for a known identity that shrank below its offset; ("new", None) for anything else."""
+        mark = self._let_go.pop((st.st_dev, st.st_ino), None)
+        if mark is not None:
+            start = _read_at(fd, len(mark.head), 0)
+            if st.st_size >= mark.offset and start == mark.head:
+                return "resumed", mark
+            if start and mark.head.startswith(start):
+                return "truncated", None  # emptied while away and written again, less than before
+            return "new", None  # an inode number freed and reused by another file
+        for key, old in self._let_go.items():
+            if (st.st_size >= old.offset and _read_at(fd, len(old.head), 0) == old.head
+                    and _read_at(fd, len(old.tail), old.offset - len(old.tail)) == old.tail):
+                del self._let_go[key]
+                old.dev, old.ino = st.st_dev, st.st_ino
+                return "resumed", old
+        return "new", None
+
+    def _restarted(self, st: os.stat_result) -> bool:
+        """The open file shrank, or its first bytes changed (truncated and written past our offset
+        between two polls): read it again from its start."""
+        assert self._fd is not None and self._mark is not None
+        mark = self._mark
+        if st.st_size >= mark.offset and _read_at(self._fd, len(mark.head), 0) == mark.head:
+            return False
+        self._rewind()
+        return True
+
+    def _rewind(self) -> None:
+        assert self._fd is not None and self._mark is not None
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        self._mark.rewind()
+        self.stats.truncations += 1
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    def _read(self, fd: int, n: int) -> bytes:
+        return os.read(fd, n)
 
     def _drain(self) -> Iterator[str]:
-        assert self._f is not None
+        assert self._fd is not None and self._mark is not None
+        mark = self._mark
         while True:
-            data = self._f.read(READ_CHUNK)
+            data = self._read(self._fd, READ_CHUNK)
             if not data:
                 return
+            if mark.head and _read_at(self._fd, len(mark.head), 0) != mark.head:
+                # Truncated and written again while we read (copytruncate): these bytes may be new text at
+                # an old offset. Drop them and read the file again from its start.
+                self._rewind()
+                yield from self._end_previous()
+                continue
+            mark.advance(data)
             self.stats.bytes_read += len(data)
+            self._last_read = mark
+            self._line_ended = data[-1:] in (b"\n", b"\r")
             yield self._decoder.decode(data)
 
-    def _close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-        self._f = None
-        self._ino = None
+    def _end_previous(self) -> Iterator[str]:
+        """Between two different files (or a file and its rewritten self): a line the old one left
+        unterminated ends here, so that it is not glued to the new file's first line (costing both)."""
+        rest = self._decoder.decode(b"", final=True)
+        self._decoder.reset()
+        if rest or not self._line_ended:
+            yield rest + "\n"
+        self._line_ended = True
+
+    # --- letting go ---------------------------------------------------------------------------------
+
+    def _release(self) -> None:
+        """Close the file and remember how far it was read, in case it comes back."""
+        if self._mark is not None and self._mark.offset:
+            self._let_go[self._mark.key] = self._mark
+            self._let_go.move_to_end(self._mark.key)
+            while len(self._let_go) > REMEMBERED_FILES:
+                self._let_go.popitem(last=False)
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = None
+        self._mark = None
 
     def _failed(self, e: OSError) -> None:
         if self.stats.up or not self.stats.read_errors:
             log.warning("cannot read %s: %s (retrying)", self.path, e)
         self.stats.read_errors += 1
         self.stats.up = False
-        self._close()
+        self._release()
+
+
+def _read_at(fd: int, n: int, offset: int) -> bytes:
+    return os.pread(fd, n, offset) if n else b""

@@ -53,6 +53,30 @@ in the trainer at sidecar.logsMountPath) and the exporter's config. In your pod 
 - name: posttrain-exporter-config
   configMap:
     name: {{ include "posttrain-exporter.fullname" . }}
+{{- $v := get . "values" | default (index .root.Values "posttrain-exporter") | default .root.Values -}}
+{{- with $v.sidecar.webConfig }}{{ if .secretName }}
+- name: posttrain-exporter-web
+  secret:
+    secretName: {{ .secretName }}
+{{- end }}{{ end }}
+{{- end -}}
+
+{{/*
+A probe of values.sidecar, adapted to the web config: over HTTPS when it turns TLS on, a TCP check when it turns
+basic auth on (an HTTP probe would get 401). Takes (dict "probe" <probe> "web" <sidecar.webConfig>).
+*/}}
+{{- define "posttrain-exporter.probe" -}}
+{{- $p := deepCopy .probe -}}
+{{- $w := .web | default dict -}}
+{{- if and $w.secretName (hasKey $p "httpGet") -}}
+{{- if $w.basicAuth -}}
+{{- $_ := set $p "tcpSocket" (dict "port" $p.httpGet.port) -}}
+{{- $_ := unset $p "httpGet" -}}
+{{- else if $w.tls -}}
+{{- $_ := set $p.httpGet "scheme" "HTTPS" -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $p -}}
 {{- end -}}
 
 {{/*
@@ -68,6 +92,10 @@ sidecar.logFile; its port is named `metrics`.
 {{- $s := $v.sidecar -}}
 {{- $run := get . "run" | default $s.run | default "$(JOB_NAME)" -}}
 {{- $args := list "serve" "--log" $s.logFile "--run" $run "--config" "/etc/posttrain-exporter/config.yaml" "--listen-address" (printf "0.0.0.0:%d" (int $s.port)) -}}
+{{- $web := $s.webConfig | default dict -}}
+{{- if $web.secretName -}}
+{{- $args = concat $args (list "--web.config.file" (printf "%s/%s" $web.mountPath $web.key)) -}}
+{{- end -}}
 {{- $args = concat $args $s.extraArgs -}}
 - name: posttrain-exporter
   image: {{ printf "%s:%s" $v.image.repository $v.image.tag | quote }}
@@ -118,11 +146,11 @@ sidecar.logFile; its port is named `metrics`.
       protocol: TCP
   {{- with $s.livenessProbe }}
   livenessProbe:
-    {{- toYaml . | nindent 4 }}
+    {{- include "posttrain-exporter.probe" (dict "probe" . "web" $web) | nindent 4 }}
   {{- end }}
   {{- with $s.readinessProbe }}
   readinessProbe:
-    {{- toYaml . | nindent 4 }}
+    {{- include "posttrain-exporter.probe" (dict "probe" . "web" $web) | nindent 4 }}
   {{- end }}
   {{- with $s.resources }}
   resources:
@@ -139,4 +167,9 @@ sidecar.logFile; its port is named `metrics`.
     - name: posttrain-exporter-config
       mountPath: /etc/posttrain-exporter
       readOnly: true
+    {{- if $web.secretName }}
+    - name: posttrain-exporter-web
+      mountPath: {{ $web.mountPath }}
+      readOnly: true
+    {{- end }}
 {{- end -}}

@@ -1,0 +1,226 @@
+"""`posttrain-exporter run -- python train.py`: the trainer as a child, its output passed through byte for byte, read
+as its run, its exit status and signals; and `serve --log -` copying its input to standard output."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+
+import pytest
+from conftest import REPO, TRL, exporter_cmd, free_port
+
+from exporter import cli
+from exporter.pipeline import ConsoleStream
+
+# Bytes a trainer may print: partial lines, \r progress bars, invalid UTF-8, a character cut between two writes.
+STDOUT_BYTES = b"plain line\n{'loss': 0.5, 'grad_norm': 1.0, 'learning_rate': 1e-05, 'epoch': 0.1}\n\xff\xfe raw\n"
+STDERR_BYTES = b"  1%|          | 1/100 [00:01<00:10]\r  2%|          | 2/100\rno newline at the end \xe2\x82"
+
+
+def child_script(body: str) -> list[str]:
+    return [sys.executable, "-c", textwrap.dedent(body)]
+
+
+WRITER = f"""
+    import os, sys, time
+    out, err = {STDOUT_BYTES!r}, {STDERR_BYTES!r}
+    for i in range(0, max(len(out), len(err)), 7):  # small writes, interleaved
+        os.write(1, out[i:i + 7]); os.write(2, err[i:i + 7])
+    os.write(2, b"\\xac")  # the rest of the cut character
+    sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+"""
+
+
+def run_cmd(*args: str, child: list[str], port: int | None = None) -> list[str]:
+    return exporter_cmd("--log-level", "error", "run", "--no-gpu", "--web.listen-address",
+                        f"127.0.0.1:{port or free_port()}", *args, "--", *child)
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def wait_metric(port: int, needle: str, timeout: float = 20) -> str:
+    deadline, body = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline:
+        try:
+            body = scrape(port)
+            if needle in body:
+                return body
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{needle!r} not scraped within {timeout}s:\n{body[:1500]}")
+
+
+def test_output_passes_through_byte_for_byte_and_the_exit_code_is_the_trainers() -> None:
+    res = subprocess.run(run_cmd(child=[*child_script(WRITER), "3"]), cwd=REPO, capture_output=True, timeout=60)
+    assert res.stdout == STDOUT_BYTES
+    assert res.stderr == STDERR_BYTES + b"\xac"
+    assert res.returncode == 3
+
+
+def test_trainer_killed_by_a_signal_exits_as_a_shell_reports_it() -> None:
+    res = subprocess.run(run_cmd(child=child_script("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")),
+                         cwd=REPO, capture_output=True, timeout=60)
+    assert res.returncode == 128 + signal.SIGKILL
+
+
+@pytest.mark.parametrize(("sig", "handled"), [(signal.SIGTERM, True), (signal.SIGTERM, False), (signal.SIGINT, True)])
+def test_signals_are_forwarded_to_the_trainer(sig, handled) -> None:
+    body = """
+        import signal, sys, time
+        def bye(signum, frame):
+            print("trainer got", signal.Signals(signum).name, flush=True)
+            sys.exit(0)
+        if HANDLED:
+            signal.signal(signal.SIGTERM, bye)
+            signal.signal(signal.SIGINT, bye)
+        print("ready", flush=True)
+        time.sleep(60)
+    """.replace("HANDLED", str(handled))
+    p = subprocess.Popen(run_cmd(child=child_script(body)), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=20)
+    finally:
+        p.kill()
+    if handled:
+        assert out == f"trainer got {sig.name}\n".encode() and p.returncode == 0, err
+    else:
+        assert p.returncode == 128 + sig
+
+
+def test_trainer_output_is_read_as_its_run(tmp_path) -> None:
+    """The real combined stream of a TRL GRPO run (stdout records, stderr progress bars), printed by the child."""
+    log = TRL / "grpo" / "combined.log"
+    body = f"""
+        import os, sys, time
+        data = open({str(log)!r}, "rb").read()
+        for i in range(0, len(data), 4096):
+            os.write(1, data[i:i + 4096])
+        time.sleep(60)
+    """
+    port = free_port()
+    out = tmp_path / "stdout"
+    with out.open("wb") as f:
+        p = subprocess.Popen(run_cmd("--run", "grpo-child", child=child_script(body), port=port), cwd=REPO,
+                             stdout=f, stderr=subprocess.PIPE)
+    try:
+        text = wait_metric(port, 'posttrain_step{run="grpo-child"} 300.0')  # the run's last step
+        assert "posttrain_reward_std{" in text
+        assert out.read_bytes() == log.read_bytes()
+        p.send_signal(signal.SIGTERM)  # forwarded: the trainer dies of it, and so the exit status says
+        p.wait(timeout=20)
+        assert p.returncode == 128 + signal.SIGTERM
+    finally:
+        p.kill()
+
+
+def test_ingest_failure_never_stops_the_pass_through(monkeypatch, capfd, caplog) -> None:
+    """Parsing that raises on every chunk: the trainer's output still passes through whole and its exit status is
+    returned."""
+
+    def broken(self, text: str) -> None:
+        raise RuntimeError("parser bug")
+
+    monkeypatch.setattr(ConsoleStream, "feed", broken)
+    lines = b"".join(b"{'loss': %d.5, 'epoch': 0.1}\n" % i for i in range(2000))
+    body = f"""
+        import os, sys
+        data = {lines!r}
+        for i in range(0, len(data), 999):
+            os.write(1, data[i:i + 999])
+        sys.exit(5)
+    """
+    code = cli.main(["run", "--no-gpu", "--web.listen-address", f"127.0.0.1:{free_port()}", "--",
+                     *child_script(body)])
+    out, err = capfd.readouterr()
+    assert code == 5
+    assert out.encode() == lines
+    assert "ingest failed" in err + caplog.text
+
+
+def test_trainer_survives_a_closed_stdout_of_the_exporter() -> None:
+    """Nobody reads the exporter's standard output any more (EPIPE): the trainer still runs to its end."""
+    body = """
+        import sys, time
+        for i in range(3000):
+            print("{'loss': 0.5, 'epoch': 0.1} padding padding padding padding padding padding", flush=True)
+        sys.stderr.write("trainer finished\\n")
+    """
+    r, w = os.pipe()
+    os.close(r)  # the reading end is gone before the first write
+    try:
+        res = subprocess.run(run_cmd(child=child_script(body)), cwd=REPO, stdout=w, stderr=subprocess.PIPE,
+                             timeout=60)
+    finally:
+        os.close(w)
+    assert res.returncode == 0 and b"trainer finished" in res.stderr
+
+
+def test_cannot_start_the_trainer_is_a_one_line_error() -> None:
+    res = subprocess.run(run_cmd(child=["/nonexistent/python", "train.py"]), cwd=REPO, capture_output=True,
+                         timeout=60)
+    assert res.returncode == 2 and b"cannot start /nonexistent/python" in res.stderr
+
+
+def test_run_needs_a_command() -> None:
+    res = subprocess.run(exporter_cmd("run", "--no-gpu"), cwd=REPO, capture_output=True, timeout=60)
+    assert res.returncode == 2 and b"COMMAND" in res.stderr
+
+
+# --- serve --log -: standard input copied to standard output ---------------------------------------------------
+
+
+def test_stdin_is_copied_to_stdout_and_a_closed_stdout_does_not_stop_the_reading(tmp_path) -> None:
+    """`python train.py 2>&1 | posttrain-exporter serve --log - | head -1`: once `head` is gone the exporter's
+    standard output is a broken pipe; it goes on reading (the trainer upstream never sees EPIPE) and parsing."""
+    data = (TRL / "dpo" / "combined_unbuffered.log").read_bytes()
+    port = free_port()
+    r, w = os.pipe()
+    p = subprocess.Popen(exporter_cmd("serve", "--no-gpu", "--listen-address", f"127.0.0.1:{port}", "--log", "-"),
+                         cwd=REPO, stdin=subprocess.PIPE, stdout=w, stderr=subprocess.PIPE)
+    os.close(w)
+    try:
+        p.stdin.write(data[:1000])
+        p.stdin.flush()
+        first = os.read(r, 100)
+        assert data.startswith(first)
+        os.close(r)  # `head` exits
+        p.stdin.write(data[1000:])  # would raise BrokenPipeError if the exporter had stopped reading
+        p.stdin.close()
+        wait_metric(port, 'posttrain_run_finished{run="stdin"} 1.0')
+        assert p.poll() is None
+    finally:
+        p.terminate()
+        assert p.wait(10) == 0, p.stderr.read().decode()
+
+
+def test_parsing_that_falls_behind_never_holds_the_trainer_back(tmp_path) -> None:
+    """Nobody polls the reader (parsing stuck): the trainer's 4 MB still pass through whole, parsing skips what
+    is beyond its limit (counted), and the trainer finishes."""
+    from exporter.sources.child import ChildOutput
+
+    data = b"".join(b"{'loss': %d.5, 'epoch': 0.1}\n" % i for i in range(150_000))
+    src = tmp_path / "out.bin"
+    src.write_bytes(data)
+    out = (tmp_path / "passed").open("wb")
+    try:
+        child = ChildOutput([sys.executable, "-c", f"import sys; sys.stdout.buffer.write(open({str(src)!r}, 'rb')"
+                             ".read())"], stdout_fd=out.fileno(), stderr_fd=None, max_pending=1 << 20)
+        assert child.exit_status() == 0
+        assert child.wait_output(10)
+    finally:
+        out.close()
+    assert (tmp_path / "passed").read_bytes() == data
+    assert child.dropped_bytes > 0 and child.bytes_read == len(data)
+    parsed = "".join(child.poll())
+    assert len(parsed) + child.dropped_bytes == len(data) and child.closed

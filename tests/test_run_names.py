@@ -1,0 +1,80 @@
+"""Distinct sources never merge into one run silently: two files with the same name get names from their folders;
+two sources given the same run name, or an empty run name, stop the exporter at start."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from conftest import TRL, run_cli
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.cli import UsageError, _specs
+from exporter.config import Config, LogSpec, parse_config
+
+
+def samples(text: str, name: str) -> dict[str, float]:
+    return {s.labels["run"]: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+            if s.name == name}
+
+
+def test_two_trainer_states_with_the_same_name_stay_two_runs(tmp_path) -> None:
+    """`a/trainer_state.json` and `b/trainer_state.json` (two real runs, 300 and 200 steps): two runs, whole,
+    without a reset; before, they merged into one run `trainer_state` with a reset where the other began."""
+    for folder, run in (("a", "grpo"), ("b", "dpo")):
+        (tmp_path / folder).mkdir()
+        shutil.copy(TRL / run / "trainer_state.json", tmp_path / folder / "trainer_state.json")
+    res = run_cli("dump", "--no-gpu", str(tmp_path / "a" / "trainer_state.json"),
+                  str(tmp_path / "b" / "trainer_state.json"))
+    assert res.returncode == 0, res.stderr.decode()
+    out = res.stdout.decode()
+    assert samples(out, "posttrain_step") == {"a/trainer_state": 300.0, "b/trainer_state": 200.0}
+    assert samples(out, "posttrain_exporter_history_resets_total") in ({}, {"a/trainer_state": 0.0,
+                                                                            "b/trainer_state": 0.0})
+    assert "naming this one 'a/trainer_state'" in res.stderr.decode()
+
+
+def test_same_stem_in_deeper_folders_takes_as_many_folders_as_it_needs(tmp_path) -> None:
+    paths = [str(tmp_path / "x" / "out" / "train.log"), str(tmp_path / "y" / "out" / "train.log")]
+    specs = _specs(Config(), paths, None, "auto")
+    assert [s.run for s in specs] == ["x/out/train", "y/out/train"]
+
+
+def test_a_named_run_keeps_its_name_and_the_other_is_renamed(tmp_path) -> None:
+    cfg = parse_config({"logs": [{"path": str(tmp_path / "a.log"), "run": "train"}]})
+    specs = _specs(cfg, [str(tmp_path / "sub" / "train.log")], None, "auto")
+    assert [s.run for s in specs] == ["train", "sub/train"]
+
+
+def test_the_same_file_twice_is_read_once(tmp_path) -> None:
+    path = str(tmp_path / "train.log")
+    cfg = parse_config({"logs": [path]})
+    assert _specs(cfg, [path], None, "auto") == [LogSpec(path, "train")]
+
+
+def test_two_logs_given_the_same_run_is_an_error(tmp_path) -> None:
+    with pytest.raises(UsageError, match=r"run 'grpo': logs .*a.log and .*b.log would merge into one run"):
+        _specs(Config(), [str(tmp_path / "a.log"), str(tmp_path / "b.log")], "grpo", "auto")
+    res = run_cli("dump", "--run", "grpo", str(tmp_path / "a.log"), str(tmp_path / "b.log"))
+    assert res.returncode == 2 and b"would merge into one run" in res.stderr
+
+
+def test_config_logs_with_the_same_run_are_an_error(tmp_path) -> None:
+    cfg = parse_config({"logs": [{"path": "/x/a.log", "run": "r"}, {"path": "/x/b.log", "run": "r"}]})
+    with pytest.raises(UsageError, match="would merge"):
+        _specs(cfg, [], None, "auto")
+
+
+@pytest.mark.parametrize("run", ["", " ", "has space", "a{b}"])
+def test_empty_or_invalid_run_is_an_error(run) -> None:
+    res = run_cli("dump", "--run", run, "x.log")
+    assert res.returncode == 2, res.stdout
+    assert b"--run:" in res.stderr and b"is not a run label" in res.stderr
+
+
+def test_run_names_the_trainer_and_files_beside_it_by_their_names() -> None:
+    child = LogSpec("-", "grpo-7b")
+    specs = _specs(Config(), ["/out/trainer_state.json"], None, "auto", child=child)
+    assert [s.run for s in specs] == ["grpo-7b", "trainer_state"]
+    with pytest.raises(UsageError, match="cannot be a log here"):
+        _specs(Config(), ["-"], None, "auto", child=child)

@@ -1,0 +1,424 @@
+"""The HTTP side: IPv6, a bounded server that slow clients cannot starve, 50 concurrent scrapers, TLS with client
+certificates and basic auth from an exporter-toolkit web config (as node_exporter reads it), and that config's
+validation at start."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import socket
+import ssl
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import bcrypt
+import pytest
+import yaml
+from conftest import REPO, TRL, exporter_cmd, free_port, require_binary
+from prometheus_client import CollectorRegistry, Gauge
+from support.certs import PKI, make_pki
+
+from exporter.config import ConfigError
+from exporter.exposition.server import LISTEN_BACKLOG, MetricsServer, build_app
+from exporter.exposition.webconfig import load_web_config, parse_web_config
+
+PASSWORD = "s3cret-pass"
+
+
+def _ipv6_loopback() -> bool:
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+needs_ipv6 = pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback on this machine")
+
+
+def registry() -> CollectorRegistry:
+    reg = CollectorRegistry()
+    Gauge("posttrain_step", "step", ["run"], registry=reg).labels("r").set(42)
+    return reg
+
+
+@pytest.fixture
+def server():
+    servers: list[MetricsServer] = []
+
+    def start(host: str = "127.0.0.1", web=None, **kw) -> MetricsServer:
+        httpd = MetricsServer(host, 0, build_app(registry(), time.monotonic), web, **kw).start()
+        servers.append(httpd)
+        return httpd
+
+    yield start
+    for s in servers:
+        s.shutdown()
+
+
+def get(url: str, headers: dict | None = None, context: ssl.SSLContext | None = None, timeout: float = 5):
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
+            return r.status, r.read().decode(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), dict(e.headers)
+
+
+def port_of(httpd: MetricsServer) -> int:
+    return httpd.server_address[1]
+
+
+# --- addresses ------------------------------------------------------------------------------------------------
+
+
+@needs_ipv6
+def test_ipv6_loopback(server) -> None:
+    httpd = server("::1")
+    status, body, _ = get(f"http://[::1]:{port_of(httpd)}/metrics")
+    assert status == 200 and 'posttrain_step{run="r"} 42.0' in body
+    assert httpd.url == f"http://[::1]:{port_of(httpd)}"
+
+
+@needs_ipv6
+def test_ipv6_any_takes_both_families(server) -> None:
+    httpd = server("::")
+    for host in ("[::1]", "127.0.0.1"):
+        assert get(f"http://{host}:{port_of(httpd)}/healthz")[:2] == (200, "ok\n")
+
+
+@needs_ipv6
+def test_cli_serves_on_ipv6_loopback(tmp_path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text('{"step": 3, "loss": 0.5}\n')
+    port = free_port()
+    p = subprocess.Popen(exporter_cmd("serve", "--no-gpu", "--web.listen-address", f"[::1]:{port}", "--log", str(log)),
+                         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        body = wait_body(f"http://[::1]:{port}/metrics", 'posttrain_step{run="train"} 3.0')
+        assert "posttrain_loss" in body
+    finally:
+        p.terminate()
+        assert p.wait(10) == 0, p.stderr.read().decode()
+
+
+def wait_body(url: str, needle: str, timeout: float = 20, **kw) -> str:
+    deadline, body = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline:
+        try:
+            _, body, _ = get(url, **kw)
+            if needle in body:
+                return body
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{needle!r} not served at {url} within {timeout}s; last body: {body[:500]}")
+
+
+# --- a bounded server -----------------------------------------------------------------------------------------
+
+
+def test_listen_backlog_is_a_real_one() -> None:
+    assert LISTEN_BACKLOG >= 128 and MetricsServer.request_queue_size == LISTEN_BACKLOG
+
+
+def test_idle_client_loses_its_connection(server) -> None:
+    httpd = server(idle_timeout=0.5)
+    with socket.create_connection(("127.0.0.1", port_of(httpd))) as s:
+        s.settimeout(5)
+        t0 = time.monotonic()
+        assert s.recv(100) == b""  # closed by the server, having sent nothing
+        assert 0.3 < time.monotonic() - t0 < 3
+
+
+def test_trickling_client_is_cut_at_the_deadline(server) -> None:
+    """A client that sends a byte just before each idle timeout still loses the connection at the deadline."""
+    httpd = server(idle_timeout=0.5, deadline=1.5)
+    with socket.create_connection(("127.0.0.1", port_of(httpd))) as s:
+        s.settimeout(0.2)
+        t0, closed = time.monotonic(), False
+        request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 1000
+        for i in range(len(request)):
+            try:
+                s.send(request[i : i + 1])
+                if s.recv(100) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                pass
+            except OSError:
+                closed = True
+                break
+            if time.monotonic() - t0 > 6:
+                break
+        assert closed and time.monotonic() - t0 < 4
+
+
+def test_workers_are_bounded_and_slow_clients_never_occupy_them(server) -> None:
+    """More silent and trickling connections than workers: they wait at the gate, and a scrape is served at once."""
+    httpd = server(workers=4, idle_timeout=5)
+    port = port_of(httpd)
+    slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(12)]
+    try:
+        for s in slow[::2]:
+            s.send(b"GET /metrics HTTP/1.1\r\nHost: sl")  # half a request head
+        time.sleep(0.3)
+        assert len([t for t in threading.enumerate() if t.name.startswith("http-worker")]) == 4
+        t0 = time.monotonic()
+        assert get(f"http://127.0.0.1:{port}/metrics", timeout=10)[0] == 200
+        assert time.monotonic() - t0 < 1.0
+        slow[0].send(b"ow\r\n\r\n")  # a trickled request, once whole, is answered
+        slow[0].settimeout(5)
+        assert slow[0].recv(100).startswith(b"HTTP/1.0 200")
+    finally:
+        for s in slow:
+            s.close()
+
+
+def test_fifty_concurrent_scrapers_with_slow_clients_holding_connections(tmp_path) -> None:
+    """50 scrapers at once against `serve` of a real GRPO log, while 40 clients (more than the server's workers)
+    hold connections open, silent or with half a request: every scrape answered, each within 2 s."""
+    port = free_port()
+    p = subprocess.Popen(exporter_cmd("serve", "--no-gpu", "--web.listen-address", f"127.0.0.1:{port}",
+                                      "--log", str(TRL / "grpo" / "combined.log")),
+                         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    slow: list[socket.socket] = []
+    try:
+        wait_body(f"http://127.0.0.1:{port}/metrics", 'posttrain_step{run="combined"}')
+        slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
+        for s in slow[::2]:
+            s.send(b"GET /metrics HTTP/1.1\r\n")
+        times: list[float] = []
+        errors: list[str] = []
+        barrier = threading.Barrier(50)
+
+        def scrape() -> None:
+            barrier.wait()
+            for _ in range(3):
+                t0 = time.monotonic()
+                try:
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                    conn.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})
+                    r = conn.getresponse()
+                    body = r.read()
+                    conn.close()
+                    if r.status != 200 or not body:
+                        errors.append(f"status {r.status}")
+                except OSError as e:
+                    errors.append(repr(e))
+                times.append(time.monotonic() - t0)
+
+        threads = [threading.Thread(target=scrape) for _ in range(50)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors[:5]
+        assert len(times) == 150 and max(times) < 2.0, sorted(times)[-5:]
+    finally:
+        for s in slow:
+            s.close()
+        p.terminate()
+        assert p.wait(10) == 0, p.stderr.read().decode()
+
+
+# --- TLS ------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> PKI:
+    require_binary("openssl")
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def write_web_config(folder: Path, config: dict) -> Path:
+    path = folder / "web.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def client_context(pki: PKI, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(pki.ca))
+    if cert is not None:
+        ctx.load_cert_chain(str(cert), str(key))
+    return ctx
+
+
+def test_tls_with_a_self_signed_certificate(server, pki, tmp_path) -> None:
+    web = load_web_config(str(write_web_config(tmp_path, {"tls_server_config": {
+        "cert_file": str(pki.server_cert), "key_file": str(pki.server_key)}})))
+    httpd = server(web=web)
+    url = f"https://localhost:{port_of(httpd)}/metrics"
+    status, body, _ = get(url, context=client_context(pki))
+    assert status == 200 and 'posttrain_step{run="r"} 42.0' in body
+    with pytest.raises((urllib.error.URLError, ssl.SSLError)):
+        get(url, context=ssl.create_default_context())  # a client that does not trust the CA
+    with pytest.raises((OSError, http.client.HTTPException)):  # plain HTTP on the TLS port gets no answer
+        get(f"http://127.0.0.1:{port_of(httpd)}/metrics", timeout=3)
+    deadline = time.monotonic() + 3  # counted by the server's worker, maybe after the client saw the failure
+    while httpd.tls_failures < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert httpd.tls_failures >= 2
+
+
+def test_tls_requires_and_verifies_client_certificates(server, pki, tmp_path) -> None:
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    for f in (pki.server_cert, pki.server_key, pki.ca):
+        (folder / f.name).write_bytes(f.read_bytes())
+    web = load_web_config(str(write_web_config(folder, {"tls_server_config": {
+        "cert_file": pki.server_cert.name, "key_file": pki.server_key.name,  # relative to the config's folder
+        "client_auth_type": "RequireAndVerifyClientCert", "client_ca_file": pki.ca.name}})))
+    httpd = server(web=web)
+    url = f"https://127.0.0.1:{port_of(httpd)}/healthz"
+    assert get(url, context=client_context(pki, pki.client_cert, pki.client_key))[:2] == (200, "ok\n")
+    for ctx in (client_context(pki), client_context(pki, pki.stranger_cert, pki.stranger_key)):
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            get(url, context=ctx)
+
+
+def test_tls_client_allowed_sans(server, pki, tmp_path) -> None:
+    def serve_with(sans: list[str]) -> MetricsServer:
+        return server(web=parse_web_config({"tls_server_config": {
+            "cert_file": str(pki.server_cert), "key_file": str(pki.server_key), "client_ca_file": str(pki.ca),
+            "client_auth_type": "RequireAndVerifyClientCert", "client_allowed_sans": sans}}, str(tmp_path)))
+
+    ctx = client_context(pki, pki.client_cert, pki.client_key)
+    assert get(f"https://127.0.0.1:{port_of(serve_with(['prometheus']))}/healthz", context=ctx)[0] == 200
+    with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError, http.client.HTTPException)):
+        get(f"https://127.0.0.1:{port_of(serve_with(['vmagent']))}/healthz", context=ctx)
+
+
+def test_tls_min_version(server, pki, tmp_path) -> None:
+    httpd = server(web=parse_web_config({"tls_server_config": {
+        "cert_file": str(pki.server_cert), "key_file": str(pki.server_key), "min_version": "TLS13"}}, str(tmp_path)))
+    old = client_context(pki)
+    old.maximum_version = ssl.TLSVersion.TLSv1_2
+    with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+        get(f"https://127.0.0.1:{port_of(httpd)}/metrics", context=old)
+    assert get(f"https://127.0.0.1:{port_of(httpd)}/metrics", context=client_context(pki))[0] == 200
+
+
+# --- basic auth -----------------------------------------------------------------------------------------------
+
+
+def basic(user: str, password: str) -> dict:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+@pytest.fixture(scope="module")
+def hashed() -> str:
+    return bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode().replace("$2b$", "$2y$")  # htpasswd's
+
+
+def test_basic_auth(server, hashed, tmp_path) -> None:
+    web = parse_web_config({"basic_auth_users": {"prometheus": hashed},
+                            "http_server_config": {"headers": {"X-Content-Type-Options": "nosniff"}}}, str(tmp_path))
+    httpd = server(web=web)
+    base = f"http://127.0.0.1:{port_of(httpd)}"
+    for path in ("/metrics", "/healthz", "/", "/nothing"):
+        status, _, headers = get(base + path)
+        assert status == 401 and headers["WWW-Authenticate"].startswith("Basic"), path
+    assert get(base + "/metrics", basic("prometheus", "wrong"))[0] == 401
+    assert get(base + "/metrics", basic("someone", PASSWORD))[0] == 401
+    assert get(base + "/metrics", {"Authorization": "Basic !!!"})[0] == 401
+    status, body, headers = get(base + "/metrics", basic("prometheus", PASSWORD))
+    assert status == 200 and "posttrain_step" in body and headers["X-Content-Type-Options"] == "nosniff"
+    assert get(base + "/healthz", basic("prometheus", PASSWORD))[:2] == (200, "ok\n")
+
+
+def test_tls_and_basic_auth_through_the_cli(pki, hashed, tmp_path) -> None:
+    """`serve --web.config.file` as an operator runs it: https with a password, on /metrics and /healthz."""
+    log = tmp_path / "train.log"
+    log.write_text('{"step": 7, "loss": 0.25}\n')
+    cfg = write_web_config(tmp_path, {"tls_server_config": {"cert_file": str(pki.server_cert),
+                                                            "key_file": str(pki.server_key)},
+                                      "basic_auth_users": {"prometheus": hashed}})
+    port = free_port()
+    p = subprocess.Popen(exporter_cmd("serve", "--no-gpu", "--listen-address", f"127.0.0.1:{port}", "--log", str(log),
+                                      "--web.config.file", str(cfg)),
+                         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        ctx = client_context(pki)
+        wait_body(f"https://localhost:{port}/metrics", 'posttrain_step{run="train"} 7.0', context=ctx,
+                  headers=basic("prometheus", PASSWORD))
+        assert get(f"https://localhost:{port}/metrics", context=ctx)[0] == 401
+        assert get(f"https://localhost:{port}/healthz", context=ctx)[0] == 401
+        assert get(f"https://localhost:{port}/healthz", basic("prometheus", PASSWORD), context=ctx)[0] == 200
+    finally:
+        p.terminate()
+        assert p.wait(10) == 0, p.stderr.read().decode()
+
+
+# --- the web config's validation ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("config", "field", "why"), [
+    ({"basic_auth_users": {"alice": "plaintext"}}, "basic_auth_users.alice", "not a bcrypt hash"),
+    ({"basic_auth_users": {"alice": "$2y$10$" + "x" * 52}}, "basic_auth_users.alice", "not a bcrypt hash"),
+    ({"basic_auth_user": {}}, "basic_auth_user", "unknown setting"),
+    ({"tls_server_config": {"certfile": "a"}}, "tls_server_config.certfile", "unknown setting"),
+    ({"tls_server_config": {"cert_file": "missing.crt", "key_file": "missing.key"}},
+     "tls_server_config.cert_file", "cannot read"),
+    ({"tls_server_config": {"key_file": "KEY"}}, "tls_server_config.cert_file", "required"),
+    ({"tls_server_config": {"cert_file": "CERT", "key_file": "KEY", "client_auth_type": "RequireAnyClientCert"}},
+     "tls_server_config.client_auth_type", "not supported"),
+    ({"tls_server_config": {"cert_file": "CERT", "key_file": "KEY", "client_auth_type": "Sometimes"}},
+     "tls_server_config.client_auth_type", "unknown policy"),
+    ({"tls_server_config": {"cert_file": "CERT", "key_file": "KEY", "client_auth_type": "RequireAndVerifyClientCert"}},
+     "tls_server_config.client_ca_file", "required"),
+    ({"tls_server_config": {"cert_file": "CERT", "key_file": "KEY", "client_ca_file": "CA"}},
+     "tls_server_config.client_auth_type", "no client is asked"),
+    ({"tls_server_config": {"cert_file": "CERT", "key_file": "KEY", "min_version": "TLS1.2"}},
+     "tls_server_config.min_version", "unknown version"),
+    ({"tls_server_config": {"cert_file": "CERT", "key_file": "CA"}}, "tls_server_config", "cannot load"),
+    ({"tls_server_config": {"cert_file": "CERT", "key_file": "KEY", "cipher_suites": ["TLS_AES_128_GCM_SHA256"]}},
+     "tls_server_config.cipher_suites", "not supported"),
+    ({"rate_limit": {"interval": "1s", "burst": 5}}, "rate_limit", "not supported"),
+    ({"http_server_config": {"headers": {"X-Powered-By": "me"}}}, "http_server_config.headers.X-Powered-By",
+     "unknown setting"),
+    (["not", "a", "mapping"], "(top level)", "must be a mapping"),
+])
+def test_bad_web_config_names_the_field(pki, config, field, why) -> None:
+    def fill(v):
+        if isinstance(v, dict):
+            return {k: fill(x) for k, x in v.items()}
+        return {"CERT": str(pki.server_cert), "KEY": str(pki.server_key), "CA": str(pki.ca)}.get(v, v) \
+            if isinstance(v, str) else v
+
+    with pytest.raises(ConfigError) as e:
+        parse_web_config(fill(config), str(pki.ca.parent))
+    assert f": {field}: " in str(e.value) and why in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "cannot read web config"),
+    ("basic_auth_users:\n  alice: nothash\n", "basic_auth_users.alice: not a bcrypt hash"),
+    ("tls_server_config: {cert_file: [unclosed\n", "is not valid YAML at line"),
+    ("tls_server_config:\n  cert_file: /nonexistent/server.crt\n  key_file: /nonexistent/server.key\n",
+     "tls_server_config.cert_file: cannot read /nonexistent/server.crt"),
+])
+def test_bad_web_config_stops_the_cli_with_one_line(tmp_path, content, message) -> None:
+    path = tmp_path / "web.yml"
+    if content is not None:
+        path.write_text(content)
+    res = subprocess.run(exporter_cmd("serve", "--log", "x.log", "--web.config.file", str(path)), cwd=REPO,
+                         capture_output=True, timeout=60)
+    err = res.stderr.decode().strip()
+    assert res.returncode == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
+def test_listen_address_flag_and_its_alias() -> None:
+    from exporter.cli import build_parser
+
+    for flag in ("--web.listen-address", "--listen-address"):
+        args = build_parser().parse_args(["serve", "--log", "x", flag, "[::1]:9847"])
+        assert args.listen_address == "[::1]:9847"
+    assert build_parser().parse_args(["serve", "--log", "x", "--web.config.file", "w.yml"]).web_config_file == "w.yml"
