@@ -6,7 +6,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 from exporter.config import Config, LogSpec
@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 # A record printed before its progress-bar redraw waits at most this long for it.
 REDRAW_WAIT_SECONDS = 2.0
+# Text read from one file per poll while the lock is held: about 0.1 s of work, so a scrape waits no longer.
+POLL_BYTES = 4 << 20
 
 
 class Input:
@@ -41,19 +43,30 @@ class Input:
 
 
 class FileInput(Input):
+    """A followed file. A poll reads at most POLL_BYTES and keeps its place in the file's new text, so a large
+    log (the whole history, after a restart) is caught up on in slices between which scrapes get the lock."""
+
     def __init__(self, spec: LogSpec, stream: ConsoleStream) -> None:
         self.spec = spec
         self.stream = stream
         self.follower = FileFollower(spec.path)
         self.follow = self.follower.stats
+        self._chunks: Iterator[str] | None = None  # the new text not read yet, when a poll stopped short
+        self.catching_up = False
 
     def poll(self) -> bool:
-        got = False
-        for chunk in self.follower.poll():
+        if self._chunks is None:
+            self._chunks = self.follower.poll()
+        read = 0
+        for chunk in self._chunks:
             self.stream.feed(chunk)
-            got = True
+            read += len(chunk)
+            if read >= POLL_BYTES:
+                self.catching_up = True
+                return True
+        self._chunks, self.catching_up = None, False
         self.stream.settle(REDRAW_WAIT_SECONDS)
-        return got
+        return read > 0
 
     def finish(self) -> None:
         self.stream.finish()
@@ -186,12 +199,18 @@ class Exporter:
         return ReaderInput(spec, stream) if spec.path == "-" else FileInput(spec, stream)
 
     def poll_once(self) -> bool:
+        """One slice of every input, each under the lock on its own (scrapes get in between)."""
         got = False
-        with self.lock:
-            for inp in self.inputs:
+        for inp in self.inputs:
+            with self.lock:
                 got |= inp.poll()
-            self.heartbeat = time.monotonic()
+                self.heartbeat = time.monotonic()
         return got
+
+    @property
+    def catching_up(self) -> bool:
+        """Some input has more text waiting than one poll reads: the exporter is reading a log's history."""
+        return any(getattr(inp, "catching_up", False) for inp in self.inputs)
 
     def read_to_end(self) -> None:
         """`dump`: every input to its end, then everything held is ingested."""
@@ -201,6 +220,8 @@ class Exporter:
                     inp.poll(timeout=0.5)
             else:
                 inp.poll()
+                while getattr(inp, "catching_up", False):
+                    inp.poll()
                 inp.finish()
         for run in self.runs.values():
             run.refresh()
@@ -211,6 +232,9 @@ class Exporter:
         try:
             while not stop.is_set():
                 self.poll_once()
+                if self.catching_up:  # more is waiting: read on at once, after a scrape waiting for the lock
+                    stop.wait(0.002)  # (a lock is not fair: without a pause this thread would take it again)
+                    continue
                 wake.wait(self.cfg.poll_interval_seconds)
                 wake.clear()
         finally:

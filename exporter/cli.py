@@ -250,7 +250,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _serve(exporter: Exporter, listen: str, loop, gpu: GpuSampler | None = None, web: WebConfig | None = None) -> int:
     host, port, _ = _parse_listen(listen)
     try:
-        httpd = serve_http(host, port, build_app(_registry(exporter, True, gpu), lambda: exporter.heartbeat), web)
+        httpd = serve_http(host, port, build_app(_registry(exporter, True, gpu), lambda: exporter.heartbeat,
+                                                 lambda: exporter.catching_up), web)
     except OSError as e:
         raise UsageError(f"cannot listen on {listen}: {e.strerror or e}; pick another with --web.listen-address") \
             from None

@@ -277,9 +277,11 @@ def test_sidecar_spec(rendered, case):
     assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
     assert side["ports"] == [{"name": "metrics", "containerPort": 9847, "protocol": "TCP"}]
-    for probe in ("livenessProbe", "readinessProbe"):
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert side[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-    assert side["resources"] == {"requests": {"cpu": "50m", "memory": "80Mi"}, "limits": {"memory": "128Mi"}}
+    # a restart reads the whole log again: liveness waits until the first start answered (up to 10 minutes)
+    assert side["startupProbe"]["periodSeconds"] * side["startupProbe"]["failureThreshold"] >= 600
+    assert side["resources"] == {"requests": {"cpu": "50m", "memory": "100Mi"}, "limits": {"memory": "128Mi"}}
     assert {"name": "posttrain-logs", "mountPath": "/logs", "readOnly": True} in side["volumeMounts"]
     # The rendered arguments are accepted by the exporter's own CLI.
     args = build_parser().parse_args(side["args"])
@@ -486,14 +488,14 @@ def test_web_config_secret_is_mounted_and_passed(secured):
     (vol,) = [v for v in spec["volumes"] if v["name"] == "posttrain-exporter-web"]
     assert vol["secret"] == {"secretName": "posttrain-web"}
     # basic auth on every path: the kubelet's probes check the port (an HTTP probe would get 401)
-    for probe in ("livenessProbe", "readinessProbe"):
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert side[probe]["tcpSocket"] == {"port": "metrics"} and "httpGet" not in side[probe]
 
 
 def test_web_config_with_tls_only_probes_over_https(chart):
     side = sidecar_of(pod_spec(render(chart, {"exampleJob": {"enabled": True},
                                               "sidecar": {"webConfig": {"secretName": "w", "tls": True}}})))
-    for probe in ("livenessProbe", "readinessProbe"):
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert side[probe]["httpGet"] == {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}
 
 

@@ -96,7 +96,10 @@ def metrics_app(registry: CollectorRegistry) -> Callable:
     return app
 
 
-def build_app(registry: CollectorRegistry, heartbeat: Callable[[], float]) -> Callable:
+def build_app(registry: CollectorRegistry, heartbeat: Callable[[], float],
+              catching_up: Callable[[], bool] = lambda: False) -> Callable:
+    """/metrics, /healthz (200 while the ingest loop is alive, also while it catches up on a log's history:
+    the body says so; 503 once it has been silent too long) and an index page."""
     metrics = metrics_app(registry)
 
     def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
@@ -110,7 +113,9 @@ def build_app(registry: CollectorRegistry, heartbeat: Callable[[], float]) -> Ca
             age = time.monotonic() - heartbeat()
             ok = age < HEALTH_STALE_SECONDS
             start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
-            return [b"ok\n" if ok else f"ingest loop silent for {age:.0f}s\n".encode()]
+            if not ok:
+                return [f"ingest loop silent for {age:.0f}s\n".encode()]
+            return [b"ok, catching up: reading a log's history\n" if catching_up() else b"ok\n"]
         if path == "/":
             start_response("200 OK", [("Content-Type", "text/html")])
             return [b"<html><body><h1>posttrain-exporter</h1><p><a href='/metrics'>/metrics</a> "

@@ -144,6 +144,10 @@ sidecar.logFile; its port is named `metrics`.
     - name: metrics
       containerPort: {{ $s.port }}
       protocol: TCP
+  {{- with $s.startupProbe }}
+  startupProbe:
+    {{- include "posttrain-exporter.probe" (dict "probe" . "web" $web) | nindent 4 }}
+  {{- end }}
   {{- with $s.livenessProbe }}
   livenessProbe:
     {{- include "posttrain-exporter.probe" (dict "probe" . "web" $web) | nindent 4 }}
