@@ -45,7 +45,7 @@ class Baseline:
             else:
                 first.append((step, value))
             if len(first) == self.points:
-                self.value = float(np.quantile([v for _, v in first], self.quantile))
+                self.value = _quantile(sorted(v for _, v in first), self.quantile)
                 out[i:] = self.value
                 break
         return out
@@ -58,6 +58,14 @@ class Baseline:
             return
         self._first = [(s, v) for s, v in self._first if s < step]
         self.value = math.nan
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """numpy's default ("linear") quantile of sorted values (np.quantile imports numpy.ma: 30 ms at start)."""
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo))
 
 
 class StreamView:
@@ -100,7 +108,7 @@ class StreamView:
         full = ends >= points
         if full.any():
             windows = np.lib.stride_tricks.sliding_window_view(self.values, points)[ends[full] - points]
-            out[full] = np.median(windows, axis=1) if how == "median" else windows.mean(axis=1)
+            out[full] = _median_rows(windows) if how == "median" else windows.sum(axis=1) / points
         return out
 
     def rolling_std(self, points: int) -> np.ndarray:
@@ -124,49 +132,41 @@ class StreamView:
     def _trend_t(self, size: int, min_points: int) -> np.ndarray:
         ends = self._ends()
         out = np.zeros(len(ends))
-        full = ends >= size
-        if full.any():
-            rows = ends[full] - size
-            out[full] = _slope_t(np.lib.stride_tricks.sliding_window_view(self.steps, size)[rows].astype(float),
-                                 np.lib.stride_tricks.sliding_window_view(self.values, size)[rows])
-        short = np.flatnonzero(~full & (ends >= min_points))  # the stream's first windows, shorter than size
-        if len(short):
-            out[short] = _expanding_slope_t(self.steps[: ends[short[-1]]].astype(float),
-                                            self.values[: ends[short[-1]]])[ends[short] - 1]
+        ok = ends >= min_points
+        if ok.any():
+            e = ends[ok]
+            out[ok] = _window_slope_t(self.steps.astype(float), self.values, np.maximum(e - size, 0), e)
         return out
 
 
-def _slope_t(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Per row: slope / stderr(slope), as instruments/window.window_stats computes it (centred values)."""
-    n = x.shape[1]
-    dx = x - x.mean(axis=1, keepdims=True)
-    dy = y - y.mean(axis=1, keepdims=True)
-    sxx, sxy, syy = (dx * dx).sum(axis=1), (dx * dy).sum(axis=1), (dy * dy).sum(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        slope = np.where(sxx > 0, sxy / sxx, 0.0)
-        resid = np.maximum(syy - slope * sxy, 0.0) / max(n - 2, 1)
-        t = slope / np.sqrt(resid / sxx)
-    t = np.where(resid > 1e-300, t, np.where(slope != 0, np.copysign(np.inf, slope), 0.0))
-    return np.where((sxx > 0) & (n >= 3), t, 0.0)
+def _median_rows(windows: np.ndarray) -> np.ndarray:
+    """np.median(windows, axis=1) of short rows, by sorting them (about twice as fast on 5 points)."""
+    k = windows.shape[1]
+    rows = np.sort(windows, axis=1)
+    return rows[:, k // 2] if k % 2 else (rows[:, k // 2 - 1] + rows[:, k // 2]) / 2
 
 
-def _expanding_slope_t(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """_slope_t of every prefix x[:k], y[:k] at once, from running sums (offsets removed first, so the sums of a
-    stream's first points lose no precision); the windows at a stream's start, before it holds a full one."""
+def _window_slope_t(x: np.ndarray, y: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Least-squares slope over its standard error, for each window x[start:end], y[start:end], from prefix
+    sums: O(points), not O(points x window). The first point is subtracted from both first, so the sums of
+    steps are exact integers and those of values lose no precision to a large offset."""
     x, y = x - x[0], y - y[0]
-    n = np.arange(1, len(x) + 1, dtype=float)
-    sx, sy = np.cumsum(x), np.cumsum(y)
-    sxx = np.cumsum(x * x) - sx * sx / n
-    sxy = np.cumsum(x * y) - sx * sy / n
-    syy = np.cumsum(y * y) - sy * sy / n
+    z = np.zeros(1)
+    sx, sy = np.concatenate([z, np.cumsum(x)]), np.concatenate([z, np.cumsum(y)])
+    sxx, sxy, syy = (np.concatenate([z, np.cumsum(a)]) for a in (x * x, x * y, y * y))
+    n = (ends - starts).astype(float)
+    mx, my = (sx[ends] - sx[starts]) / n, (sy[ends] - sy[starts]) / n
+    cxx = np.maximum(sxx[ends] - sxx[starts] - n * mx * mx, 0.0)
+    cxy = sxy[ends] - sxy[starts] - n * mx * my
+    cyy = np.maximum(syy[ends] - syy[starts] - n * my * my, 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        slope = np.where(sxx > 0, sxy / sxx, 0.0)
-        resid = np.maximum(syy - slope * sxy, 0.0) / np.maximum(n - 2, 1)
-        t = slope / np.sqrt(resid / sxx)
-    # below this share of the spread the residual is rounding, not noise: a perfect line
-    exact = resid <= 1e-12 * np.maximum(syy, 1e-300) / np.maximum(n - 2, 1)
+        slope = np.where(cxx > 0, cxy / cxx, 0.0)
+        resid = np.maximum(cyy - slope * cxy, 0.0) / np.maximum(n - 2, 1)
+        t = slope / np.sqrt(resid / cxx)
+    # a residual this small against the values' spread is rounding, not noise: a perfect line
+    exact = resid <= 1e-12 * cyy / np.maximum(n - 2, 1)
     t = np.where(exact, np.where(slope != 0, np.copysign(np.inf, slope), 0.0), t)
-    return np.where((sxx > 0) & (n >= 3), t, 0.0)
+    return np.where((cxx > 0) & (n >= 3), t, 0.0)
 
 
 class Stream:
