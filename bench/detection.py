@@ -109,6 +109,7 @@ class Alert:
     step: int  # the run's step then
     episodes: int  # separate firing periods
     last_step: int  # the run's step when it last fired
+    periods: list[tuple[int, int]] = field(default_factory=list)  # (first step, last step) of each period
 
 
 @dataclass
@@ -126,12 +127,17 @@ def firing(stack: Stack, start: float, end: float, step: float) -> list[Alert]:
     for s in stack.query_range('ALERTS{alertstate="firing"}', start, end, step):
         m = s["metric"]
         times = [float(t) for t, _ in s["values"]]
-        periods = 1 + sum(1 for a, b in itertools.pairwise(times) if b - a > 1.5 * step)
         run_steps = steps.get(m.get("run", ""), [])
-        at = [v for t, v in run_steps if t <= times[0]]
-        last = [v for t, v in run_steps if t <= times[-1]]
+
+        def step_at(when: float, run_steps=run_steps) -> int:
+            at = [v for t, v in run_steps if t <= when]
+            return int(at[-1]) if at else -1
+
+        cuts = [0] + [i + 1 for i, (a, b) in enumerate(itertools.pairwise(times)) if b - a > 1.5 * step]
+        periods = [(step_at(times[a]), step_at(times[b - 1])) for a, b in zip(cuts, [*cuts[1:], len(times)],
+                                                                              strict=True)]
         out.append(Alert(m.get("run", ""), m["alertname"], m["severity"], m.get("instrument", ""), times[0],
-                         int(at[-1]) if at else -1, periods, int(last[-1]) if last else -1))
+                         periods[0][0], len(periods), periods[-1][1], periods))
     return out
 
 
@@ -151,21 +157,22 @@ def verdicts(o: Outcome) -> list[dict]:
                      "ok": not o.alerts})
         return rows
     for pathology, onset in sorted(o.run.onsets.items(), key=lambda kv: kv[1]):
-        # alerts on the pathology's instruments still firing at its onset or later (not one long resolved)
-        caught = sorted((a for a in o.alerts if a.instrument in CAUGHT_BY[pathology] and a.last_step >= onset),
-                        key=lambda a: a.first)
-        pages = [a for a in caught if a.severity == "critical"]
+        # the firing periods on the pathology's instruments that were still firing at its onset or came later
+        # (a period that ended before the onset is not an early warning of it)
+        caught = sorted(((a, p) for a in o.alerts if a.instrument in CAUGHT_BY[pathology] for p in a.periods
+                         if p[1] >= onset), key=lambda ap: ap[1][0])
+        pages = [(a, p) for a, p in caught if a.severity == "critical"]
         first, page = (caught[0] if caught else None), (pages[0] if pages else None)
-        d = logged_delay(o.run, onset, first.step) if first else None
-        dp = logged_delay(o.run, onset, page.step) if page else None
+        d = logged_delay(o.run, onset, first[1][0]) if first else None
+        dp = logged_delay(o.run, onset, page[1][0]) if page else None
         ok = d is not None and d <= within(pathology) and (pathology not in PAGE_WORTHY or (
             dp is not None and dp <= within(pathology)))
         rows.append({"run": o.run.name, "pathology": pathology, "onset": onset,
-                     "first": f"{first.name} ({first.severity}) at step {first.step}" if first else "none",
-                     "delay": d, "page": f"{page.name} at step {page.step}" if page else "none",
+                     "first": f"{first[0].name} ({first[0].severity}) at step {first[1][0]}" if first else "none",
+                     "delay": d, "page": f"{page[0].name} at step {page[1][0]}" if page else "none",
                      "page_delay": dp, "page_worthy": pathology in PAGE_WORTHY, "ok": ok,
                      "within_10": d is not None and d <= WITHIN_STEPS,
-                     "others": sorted({f"{a.name}" for a in o.alerts if a not in caught})})
+                     "others": sorted({a.name for a in o.alerts} - {a.name for a, _ in caught})})
     return rows
 
 
