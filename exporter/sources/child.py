@@ -61,6 +61,56 @@ class PassThrough:
                         e.strerror or e)
 
 
+class PendingText:
+    """Text read from a stream and waiting for the parser, bounded: past `max_pending` characters (parsing far
+    behind the writer) new text is skipped for parsing and counted, never held, so the writer is never
+    slowed down or the exporter's memory grown. `put` from the reading thread; `poll` from the ingest loop."""
+
+    def __init__(self, what: str, max_pending: int = MAX_PENDING_BYTES) -> None:
+        self.what = what
+        self.closed = False
+        self.dropped_bytes = 0  # read while parsing was too far behind: passed through, not parsed
+        self._max = max_pending
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._q: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+
+    def put(self, text: str) -> None:
+        if not text:
+            return
+        with self._lock:
+            behind = self._pending + len(text) > self._max
+            if not behind:
+                self._pending += len(text)
+        if behind:
+            if not self.dropped_bytes:
+                log.warning("parsing is more than %d MiB behind %s; skipping it for parsing until it catches up "
+                            "(the pass-through is whole)", self._max >> 20, self.what)
+            self.dropped_bytes += len(text.encode("utf-8", "replace"))
+            return
+        self._q.put(text)
+
+    def end(self) -> None:
+        self._q.put(None)
+
+    def poll(self, timeout: float = 0.0) -> list[str]:
+        """What is waiting (blocking up to `timeout` for the first piece); `closed` once the stream ended."""
+        out: list[str] = []
+        try:
+            item = self._q.get(timeout=timeout) if timeout else self._q.get_nowait()
+            while True:
+                if item is None:
+                    self.closed = True
+                    break
+                out.append(item)
+                item = self._q.get_nowait()
+        except queue.Empty:
+            pass
+        with self._lock:
+            self._pending -= sum(map(len, out))
+        return out
+
+
 class ChildOutput:
     """Starts `argv` with its stdout and stderr on pipes; reads both in a thread that passes them through and
     queues the text for `poll`."""
@@ -70,13 +120,8 @@ class ChildOutput:
         # Its own process group: a terminal's Ctrl-C reaches the exporter alone, which forwards it once.
         self.proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
                                      process_group=0)
-        self.closed = False
         self.bytes_read = 0
-        self.dropped_bytes = 0
-        self._max_pending = max_pending
-        self._pending = 0
-        self._lock = threading.Lock()
-        self._q: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self.text = PendingText("the trainer's output", max_pending)
         assert self.proc.stdout is not None and self.proc.stderr is not None
         self._outs = {self.proc.stdout.fileno(): PassThrough(stdout_fd, "stdout"),
                       self.proc.stderr.fileno(): PassThrough(stderr_fd, "stderr")}
@@ -103,45 +148,25 @@ class ChildOutput:
                         data = b""
                     if not data:
                         sel.unregister(fd)
-                        self._queue(self._decoders[fd].decode(b"", final=True))
+                        self.text.put(self._decoders[fd].decode(b"", final=True))
                         continue
                     self._outs[fd].write(data)  # first the log, whatever parsing does
                     self.bytes_read += len(data)
-                    self._queue(self._decoders[fd].decode(data))
+                    self.text.put(self._decoders[fd].decode(data))
         finally:
             sel.close()
-            self._q.put(None)
+            self.text.end()
 
-    def _queue(self, text: str) -> None:
-        if not text:
-            return
-        with self._lock:
-            behind = self._pending + len(text) > self._max_pending
-            if not behind:
-                self._pending += len(text)
-        if behind:  # the log has it whole; parsing skips it until it catches up
-            if not self.dropped_bytes:
-                log.warning("parsing is more than %d MiB behind the trainer's output; skipping output for parsing "
-                            "until it catches up (the pass-through is whole)", self._max_pending >> 20)
-            self.dropped_bytes += len(text.encode("utf-8", "replace"))
-            return
-        self._q.put(text)
+    @property
+    def closed(self) -> bool:
+        return self.text.closed
+
+    @property
+    def dropped_bytes(self) -> int:
+        return self.text.dropped_bytes
 
     def poll(self, timeout: float = 0.0) -> list[str]:
-        out: list[str] = []
-        try:
-            item = self._q.get(timeout=timeout) if timeout else self._q.get_nowait()
-            while True:
-                if item is None:
-                    self.closed = True
-                    break
-                out.append(item)
-                item = self._q.get_nowait()
-        except queue.Empty:
-            pass
-        with self._lock:
-            self._pending -= sum(map(len, out))
-        return out
+        return self.text.poll(timeout)
 
     def forward(self, signum: int) -> None:
         """Passes a signal we received on to the trainer (once it has exited, there is no one to tell)."""

@@ -9,10 +9,9 @@ from __future__ import annotations
 import codecs
 import logging
 import os
-import queue
 import threading
 
-from exporter.sources.child import MAX_PENDING_BYTES, PassThrough
+from exporter.sources.child import MAX_PENDING_BYTES, PassThrough, PendingText
 
 log = logging.getLogger(__name__)
 
@@ -21,13 +20,8 @@ class StdinReader:
     def __init__(self, fd: int = 0, tee_fd: int | None = None, max_pending: int = MAX_PENDING_BYTES) -> None:
         self._fd = fd
         self.tee = PassThrough(tee_fd, "stdout")
-        self.dropped_bytes = 0  # read while parsing was more than max_pending behind: copied, not parsed
-        self._max_pending = max_pending
-        self._pending = 0
-        self._lock = threading.Lock()
-        self._q: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self.text = PendingText("standard input", max_pending)
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self.closed = False
         self.bytes_read = 0
         self._thread: threading.Thread | None = None
 
@@ -45,39 +39,21 @@ class StdinReader:
             except OSError:
                 data = b""
             if not data:
-                rest = self._decoder.decode(b"", final=True)
-                if rest:
-                    self._q.put(rest)
-                self._q.put(None)
+                self.text.put(self._decoder.decode(b"", final=True))
+                self.text.end()
                 return
             self.tee.write(data)
             self.bytes_read += len(data)
-            text = self._decoder.decode(data)
-            with self._lock:
-                behind = self._pending + len(text) > self._max_pending
-                if not behind:
-                    self._pending += len(text)
-            if behind:  # never hold the trainer back (upstream) for parsing: skip it, keep the copy
-                if not self.dropped_bytes:
-                    log.warning("parsing is more than %d MiB behind standard input; skipping input for parsing "
-                                "until it catches up (the copy to standard output is whole)", self._max_pending >> 20)
-                self.dropped_bytes += len(data)
-                continue
-            self._q.put(text)
+            self.text.put(self._decoder.decode(data))
 
     def poll(self, timeout: float = 0.0) -> list[str]:
         self.start()
-        out: list[str] = []
-        try:
-            item = self._q.get(timeout=timeout) if timeout else self._q.get_nowait()
-            while True:
-                if item is None:
-                    self.closed = True
-                    break
-                out.append(item)
-                item = self._q.get_nowait()
-        except queue.Empty:
-            pass
-        with self._lock:
-            self._pending -= sum(map(len, out))
-        return out
+        return self.text.poll(timeout)
+
+    @property
+    def closed(self) -> bool:
+        return self.text.closed
+
+    @property
+    def dropped_bytes(self) -> int:
+        return self.text.dropped_bytes
