@@ -10,7 +10,7 @@ from exporter.app import Exporter
 from exporter.config import Config
 from exporter.detectors.catalog import DETECTORS
 from exporter.exposition.collector import ExporterCollector
-from exporter.instruments.derived import DERIVED_HELP, DERIVED_SEED
+from exporter.instruments.families import FAMILIES
 from exporter.instruments.keymap import INSTRUMENTS, KEY_RULES
 from exporter.parsers.record import Record
 
@@ -68,8 +68,8 @@ def render() -> str:
                  "Per-instrument families carry `instrument` and the instrument's sub-label.\n")
     lines.append("| metric | serves | meaning |")
     lines.append("| --- | --- | --- |")
-    for metric, doc in DERIVED_HELP.items():
-        lines.append(f"| `{metric}` | {DERIVED_SEED[metric]} | {doc} |")
+    for f in FAMILIES:
+        lines.append(f"| `{f.name}` | {f.serves} | {f.help} |")
     lines.append("")
     lines.append("## Detectors\n")
     lines.append("Judgments made by the exporter at every logged step and exported as `posttrain_detector_*"

@@ -12,7 +12,8 @@ from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.app import Exporter
-from exporter.instruments.derived import DERIVED_HELP, threshold_series
+from exporter.instruments.derived import threshold_series
+from exporter.instruments.families import BY_NAME as FAMILIES
 from exporter.instruments.keymap import INSTRUMENTS
 from exporter.instruments.run import KEY_DROP_REASONS
 from exporter.pipeline import LINE_DROP_REASONS
@@ -80,12 +81,13 @@ class ExporterCollector(Collector):
         breaches = _labelled_counter("posttrain_threshold_breaches", "Records whose value crossed a threshold, by "
                                      "instrument and level: a breach between two scrapes still counts.")
         flips = CounterMetricFamily("posttrain_loss_sign_flips", "Times the smoothed loss went negative after "
-                                    "being positive (002: a strong signal to stop).", labels=["run"])
+                                    "being positive: the update direction reversed.", labels=["run"])
         jumps = CounterMetricFamily("posttrain_loss_discontinuities", "Times the loss magnitude shifted out of "
-                                    "the band [0.5, 2] x its median before, beyond its usual swings (002: suddenly "
+                                    "the band [0.5, 2] x its median before, beyond its usual swings (suddenly "
                                     "doubled or halved).", labels=["run"])
-        thresholds = GaugeMetricFamily("posttrain_threshold", "Threshold in force for this run (the seeds' default "
-                                       "or the config's), for alert rules.", labels=["run", "instrument", "level"])
+        thresholds = GaugeMetricFamily("posttrain_threshold", "Threshold in force for this run (the default "
+                                       "or the config's), quoted by the alerts and drawn by the boards.",
+                                       labels=["run", "instrument", "level"])
         nonfinite = _labelled_counter("posttrain_nonfinite_values", "NaN or infinite values logged, by "
                                       "instrument: a NaN between two scrapes still counts.")
         windows = GaugeMetricFamily("posttrain_window_steps", "Window of the derived series, in logged points: "
@@ -95,7 +97,7 @@ class ExporterCollector(Collector):
             for (metric, labels), value in sorted(d.gauges.items()):
                 fam = families.get(metric)
                 if fam is None:
-                    fam = families[metric] = _labelled_gauge(metric, DERIVED_HELP[metric])
+                    fam = families[metric] = _labelled_gauge(metric, FAMILIES[metric].help)
                 fam.add_sample(metric, {"run": name, **dict(labels)}, value)
             for labels, n in sorted(d.breaches.items()):
                 breaches.add_sample(breaches.name + "_total", {"run": name, **dict(labels)}, n)
@@ -180,6 +182,10 @@ class ExporterCollector(Collector):
                                       "without its step).", labels=["run", "reason"])
         resets = CounterMetricFamily(p + "history_resets", "Times a run's step went backwards (resumed from "
                                      "a checkpoint) and its history was cut back.", labels=["run"])
+        stops = CounterMetricFamily(p + "stop_signals", "Stop files written for the trainer (config early_stop; "
+                                    "0 when it is off), by outcome: written, or failed (tried again after the next "
+                                    "records).", labels=["run", "outcome"])
+        signal = ex.stop_signal
         for name, run in ex.runs.items():
             st = ex.stats[name]
             for (fmt, outcome), n in sorted(st.line_counts().items()):
@@ -197,6 +203,8 @@ class ExporterCollector(Collector):
             for reason, n in sorted(run.values_skipped.items()):
                 skipped.add_metric([name, reason], n)
             resets.add_metric([name], run.resets)
+            for outcome in ("written", "failed"):
+                stops.add_metric([name, outcome], signal.writes[name, outcome] if signal is not None else 0)
         up = GaugeMetricFamily(p + "source_up", "1 when the log source exists and could be read at the last "
                                "poll.", labels=["run", "path"])
         rotations = CounterMetricFamily(p + "source_rotations", "Log files replaced under the same path "
@@ -222,7 +230,7 @@ class ExporterCollector(Collector):
         info = GaugeMetricFamily(p + "build_info", "Version of the exporter, value 1.",
                                  labels=["version", "python_version"])
         info.add_metric([__version__, platform.python_version()], 1.0)
-        yield from (lines, errors, records, last, dropped, lines_dropped, skipped, resets)
+        yield from (lines, errors, records, last, dropped, lines_dropped, skipped, resets, stops)
         yield from (up, rotations, truncations, resumed, read_errors, read_bytes, info)
 
 

@@ -20,6 +20,34 @@ from itertools import pairwise
 import numpy as np
 
 from exporter.instruments.columns import Column
+from exporter.instruments.families import BY_NAME as FAMILY_BY_NAME
+from exporter.instruments.families import (
+    CLIP_ASYMMETRY,
+    CLIP_COMBINED,
+    COMPLETION_LENGTH_BASELINE_RATIO,
+    COMPLETION_LENGTH_TRUNCATION_GAP,
+    DPO_MARGIN_CONVERGING,
+    ENTROPY_ACCELERATION,
+    GENERATION_TIME_RATIO,
+    LOSS_MAGNITUDE_RATIO,
+    LOSS_OSCILLATING,
+    POLICY_RATIO_DISTANCE,
+    REGIME,
+    REWARD_COMPONENT_DEAD,
+    REWARD_DRAWDOWN,
+    REWARD_PEAK,
+    REWARD_PEAK_STEP,
+    REWARD_PLATEAU,
+    REWARD_SMOOTHED,
+    REWARD_STD_HEADROOM,
+    TREND,
+    TREND_DIRECTION,
+    WINDOW_MAX,
+    WINDOW_MEAN,
+    WINDOW_MIN,
+    WINDOW_STDDEV,
+    Family,
+)
 from exporter.instruments.series import Series
 from exporter.instruments.settings import DerivedSettings, Thresholds
 from exporter.instruments.window import StreamTail, level_shifts, rolling_mean, window_stats
@@ -101,7 +129,7 @@ class DerivedState:
     def __init__(self, settings: DerivedSettings, sub_label: dict[str, str | None]) -> None:
         self.settings = settings
         self._sub_label = sub_label  # instrument -> its sub-label name
-        self.gauges: dict[tuple[str, Labels], float] = {}
+        self.gauges: dict[tuple[str, Labels], float] = {}  # (family name, labels) -> value
         self.breaches: Counter[Labels] = Counter()
         self.loss_sign_flips = 0
         self.loss_discontinuities = 0
@@ -134,16 +162,16 @@ class DerivedState:
             if inst in self._rules:
                 self._breaches(inst, self._sub(key), col.finite_values())
                 if inst == "reward_component_std" and (v := col.last_finite()) is not None:
-                    self._set("posttrain_reward_component_dead", (("component", key[1] or ""),),
+                    self._set(REWARD_COMPONENT_DEAD, (("component", key[1] or ""),),
                               1.0 if v < self._t.component_std_min else 0.0)
         get = cols.get
         if (c := get(("reward_std", None))) is not None and (v := c.last_finite()) is not None:
-            self._set("posttrain_reward_std_headroom", (), v / self._t.reward_std_min)
+            self._set(REWARD_STD_HEADROOM, (), v / self._t.reward_std_min)
         low, high = get(("clip_ratio", "low")), get(("clip_ratio", "high"))
         if low is not None and high is not None:
             self._clipping(*low.paired_with(high, nrows))
         if (c := get(("policy_ratio", None))) is not None and (v := c.last_finite()) is not None:
-            self._set("posttrain_policy_ratio_distance", (), abs(v - 1.0))
+            self._set(POLICY_RATIO_DISTANCE, (), abs(v - 1.0))
         if (c := get(("completion_length", "mean"))) is not None:
             self._length(c, get(("completion_length", "mean_terminated")), nrows)
         if (c := get(("reward", None))) is not None:
@@ -157,7 +185,7 @@ class DerivedState:
             if (t != 0).any():
                 stream, start = self._generation_tail.extend(g[t != 0] / t[t != 0])
                 means, _ = rolling_mean(stream, start, self._spec("generation_time").size)
-                self._set("posttrain_generation_time_ratio", (), float(means[-1]))
+                self._set(GENERATION_TIME_RATIO, (), float(means[-1]))
 
     def _breaches(self, inst: str, sub: tuple[str, str] | None, values: np.ndarray) -> None:
         for level, limit, above in self._rules[inst]:
@@ -169,18 +197,18 @@ class DerivedState:
         if not len(low):
             return
         total = low + high
-        self._set("posttrain_clip_combined", (), float(total[-1]))
+        self._set(CLIP_COMBINED, (), float(total[-1]))
         self._breaches("clip_total", None, total)
         if total[-1] > self._t.clip_asymmetry_min_total:
-            self._set("posttrain_clip_asymmetry", (), float((high[-1] - low[-1]) / total[-1]))
+            self._set(CLIP_ASYMMETRY, (), float((high[-1] - low[-1]) / total[-1]))
         else:
-            self.gauges.pop(("posttrain_clip_asymmetry", ()), None)  # undefined without clipping
+            self.gauges.pop((CLIP_ASYMMETRY.name, ()), None)  # undefined without clipping
 
     def _length(self, mean: Column, terminated: Column | None, nrows: int) -> None:
         if terminated is not None:
             m, t = mean.paired_with(terminated, nrows)
             if len(m):
-                self._set("posttrain_completion_length_truncation_gap", (), float(m[-1] - t[-1]))
+                self._set(COMPLETION_LENGTH_TRUNCATION_GAP, (), float(m[-1] - t[-1]))
 
     def _reward(self, values: np.ndarray, steps: np.ndarray) -> None:
         k = self._spec("reward").min_points
@@ -197,10 +225,10 @@ class DerivedState:
             best = int(np.argmax(smoothed >= top - _PEAK_TOLERANCE * max(1.0, abs(top))))
             self._peak, self._peak_step = float(smoothed[best]), int(steps[best])
         now = float(smoothed[-1])
-        self._set("posttrain_reward_smoothed", (), now)
-        self._set("posttrain_reward_peak", (), self._peak)
-        self._set("posttrain_reward_peak_step", (), float(self._peak_step))
-        self._set("posttrain_reward_drawdown", (), self._peak - now)
+        self._set(REWARD_SMOOTHED, (), now)
+        self._set(REWARD_PEAK, (), self._peak)
+        self._set(REWARD_PEAK_STEP, (), float(self._peak_step))
+        self._set(REWARD_DRAWDOWN, (), self._peak - now)
 
     def _loss(self, values: np.ndarray) -> None:
         if not len(values):
@@ -235,7 +263,7 @@ class DerivedState:
         self.loss_discontinuities += int(np.count_nonzero(out[1:] & ~out[:-1]))
         self._loss_shifted = bool(out[-1])
         if np.isfinite(ratio[-1]):
-            self._set("posttrain_loss_magnitude_ratio", (), float(ratio[-1]))
+            self._set(LOSS_MAGNITUDE_RATIO, (), float(ratio[-1]))
 
     # --- on read --------------------------------------------------------------------------------
 
@@ -254,28 +282,28 @@ class DerivedState:
             pts = s.tail(spec.size)
             st = stats[key] = window_stats(pts)
             labels = labels_of(key[0], self._sub(key))
-            self._set("posttrain_trend", labels, st.slope)
-            self._set("posttrain_trend_direction", labels, float(self._direction(st.slope_t)))
-            self._set("posttrain_window_mean", labels, st.mean)
-            self._set("posttrain_window_stddev", labels, st.stddev)
-            self._set("posttrain_window_min", labels, st.min)
-            self._set("posttrain_window_max", labels, st.max)
+            self._set(TREND, labels, st.slope)
+            self._set(TREND_DIRECTION, labels, float(self._direction(st.slope_t)))
+            self._set(WINDOW_MEAN, labels, st.mean)
+            self._set(WINDOW_STDDEV, labels, st.stddev)
+            self._set(WINDOW_MIN, labels, st.min)
+            self._set(WINDOW_MAX, labels, st.max)
             if key == ("entropy", None) and len(pts) >= 2 * spec.min_points:  # the seed's len >= 20
                 half = len(pts) // 2
-                self._set("posttrain_entropy_acceleration", (),
+                self._set(ENTROPY_ACCELERATION, (),
                           _mean(pts[half:]) - _mean(pts[:half]))
             elif key == ("dpo_reward", "margin"):
-                self._set("posttrain_dpo_margin_converging", (), 1.0 if self._direction(st.slope_t) < 0 else 0.0)
+                self._set(DPO_MARGIN_CONVERGING, (), 1.0 if self._direction(st.slope_t) < 0 else 0.0)
             elif key == ("reward", None) and len(pts) >= 2 * spec.min_points:
                 # Is the rate of improvement itself falling? Compare the slopes of the window's halves.
                 half = len(pts) // 2
                 early, late = _slope(pts[:half]), _slope(pts[half:])
                 plateau = early > 0 and late < 0.5 * early and self._direction(st.slope_t) >= 0
-                self._set("posttrain_reward_plateau", (), 1.0 if plateau else 0.0)
+                self._set(REWARD_PLATEAU, (), 1.0 if plateau else 0.0)
             elif key == ("loss", None):
                 self._oscillation(pts, st.mean, st.stddev)
             elif key == ("completion_length", "mean") and baselines.get(key):
-                self._set("posttrain_completion_length_baseline_ratio", (), st.mean / baselines[key])
+                self._set(COMPLETION_LENGTH_BASELINE_RATIO, (), st.mean / baselines[key])
         if ("kl", None) in dirty or ("reward", None) in dirty:
             self._regime(series, stats)
 
@@ -283,7 +311,7 @@ class DerivedState:
         values = [v for _, v in pts]
         changes = sum((a > 0) != (b > 0) for a, b in pairwise(values))
         centred = std > 0 and abs(mean) < 2 * std / math.sqrt(len(values))
-        self._set("posttrain_loss_oscillating", (), 1.0 if centred and changes >= 0.4 * (len(values) - 1) else 0.0)
+        self._set(LOSS_OSCILLATING, (), 1.0 if centred and changes >= 0.4 * (len(values) - 1) else 0.0)
 
     def _regime(self, series: dict[SeriesKey, Series], stats: dict) -> None:
         directions = []
@@ -295,13 +323,11 @@ class DerivedState:
             directions.append(self._direction(st.slope_t))
         state = REGIME_OF[max(directions[0], 0), directions[1]] if len(directions) == 2 else "unknown"
         for r in REGIMES:
-            self._set("posttrain_regime", (("regime", r),), 1.0 if r == state else 0.0)
+            self._set(REGIME, (("regime", r),), 1.0 if r == state else 0.0)
 
     def rebuild(self, series: dict[SeriesKey, Series]) -> None:
         """A resumed run cut the history back: restart what depends on history, from history."""
-        keep = ("posttrain_regime", "posttrain_reward_component_dead", "posttrain_reward_std_headroom",
-                "posttrain_completion_length_truncation_gap")
-        self.gauges = {k: v for k, v in self.gauges.items() if k[0] in keep}
+        self.gauges = {k: v for k, v in self.gauges.items() if FAMILY_BY_NAME[k[0]].survives_resume}
         self._dirty.update(series)
         self._peak, self._peak_step = -math.inf, -1
         self._reward_tail.reset()
@@ -323,8 +349,8 @@ class DerivedState:
     def _direction(self, t: float) -> int:
         return 1 if t >= self._t.trend_t else -1 if t <= -self._t.trend_t else 0
 
-    def _set(self, metric: str, labels: Labels, value: float) -> None:
-        self.gauges[metric, labels] = value
+    def _set(self, family: Family, labels: Labels, value: float) -> None:
+        self.gauges[family.name, labels] = value
 
     def _sub(self, key: SeriesKey) -> tuple[str, str] | None:
         inst, lv = key
@@ -342,72 +368,3 @@ def _slope(pts: list[tuple[int, float]]) -> float:
     my = sum(y for _, y in pts) / n
     sxx = sum((x - mx) ** 2 for x, _ in pts)
     return sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else 0.0
-
-
-DERIVED_HELP: dict[str, str] = {
-    "posttrain_trend": "Least-squares slope per step over the instrument's window (the seeds' np.polyfit(...)[0], "
-                       "with steps as x).",
-    "posttrain_trend_direction": "1 rising, -1 falling, 0 flat: the trend against the window's noise "
-                                 "(|slope / stderr| >= thresholds.trend_t).",
-    "posttrain_window_mean": "Mean of the instrument over its window.",
-    "posttrain_window_stddev": "Population stddev over the window (the seeds' stability / variance).",
-    "posttrain_window_min": "Minimum over the window: a dip between two scrapes stays visible.",
-    "posttrain_window_max": "Maximum over the window: a spike between two scrapes stays visible.",
-    "posttrain_reward_std_headroom": "Reward std over its threshold (thresholds.reward_std_min); below 1 the "
-                                     "learning signal is weak.",
-    "posttrain_reward_component_dead": "1 when a reward component's std is below thresholds.component_std_min: "
-                                       "it no longer gives learning signal.",
-    "posttrain_completion_length_baseline_ratio": "Window mean of the mean completion length over its baseline "
-                                                  "(posttrain_baseline).",
-    "posttrain_completion_length_truncation_gap": "Mean length minus mean terminated length (tokens): truncation "
-                                                  "inflates the first.",
-    "posttrain_clip_combined": "clip_ratio low + high.",
-    "posttrain_clip_asymmetry": "(high - low) / (high + low) when the total exceeds 0.01: >0 the policy sharpens "
-                                "what it liked, <0 it unlearns.",
-    "posttrain_entropy_acceleration": "Mean entropy of the window's second half minus its first half.",
-    "posttrain_dpo_margin_converging": "1 while the DPO margin trends down: chosen and rejected converge.",
-    "posttrain_policy_ratio_distance": "|policy ratio - 1|.",
-    "posttrain_reward_smoothed": "Mean reward over the last min_points logged steps.",
-    "posttrain_reward_peak": "Highest smoothed reward so far.",
-    "posttrain_reward_peak_step": "Step of the highest smoothed reward so far: the best checkpoint.",
-    "posttrain_reward_drawdown": "Peak smoothed reward minus the current one.",
-    "posttrain_reward_plateau": "1 when the reward's rate of improvement is falling (slope of the window's second "
-                                "half under half the first's) without a falling trend.",
-    "posttrain_generation_time_ratio": "Share of step time spent generating, from the trainer's own timing keys, "
-                                       "mean over the window.",
-    "posttrain_regime": "KL-versus-reward regime of the practitioner's guide, one series per regime, 1 for the "
-                        "current one.",
-    "posttrain_loss_oscillating": "1 when the loss oscillates around zero: its window mean is within noise of "
-                                  "zero and it changes sign on at least 40% of steps.",
-    "posttrain_loss_magnitude_ratio": "Median |loss| of the last min_points steps over the median |loss| of the "
-                                      "window before them; outside [0.5, 2], and beyond that window's 10th/90th "
-                                      "percentile, is a discontinuity.",
-}
-
-# The seed text each derived gauge serves (docs/metrics.md).
-DERIVED_SEED: dict[str, str] = {
-    "posttrain_trend": "Part II/III callbacks: trend (np.polyfit); DPO margin trend",
-    "posttrain_trend_direction": "002: is the trajectory rising, flat or falling",
-    "posttrain_window_mean": "Part II/III callbacks: window of 50 steps",
-    "posttrain_window_stddev": "Part III: length stability (np.std); Part II: length variance",
-    "posttrain_window_min": "design: spikes between scrapes",
-    "posttrain_window_max": "design: spikes between scrapes",
-    "posttrain_reward_std_headroom": "Part III instrument 1: reward_std/headroom",
-    "posttrain_reward_component_dead": "Part III instrument 2: dead component (std < 0.01)",
-    "posttrain_completion_length_baseline_ratio": "Part II instrument 12: length/baseline_ratio (< 0.5x, > 2x)",
-    "posttrain_completion_length_truncation_gap": "Part II/III: gap between mean_length and mean_terminated_length",
-    "posttrain_clip_combined": "Part III instrument 4: total clipping",
-    "posttrain_clip_asymmetry": "Part III instrument 4: clip_ratio/asymmetry",
-    "posttrain_entropy_acceleration": "Part III instrument 5: entropy/acceleration",
-    "posttrain_dpo_margin_converging": "Part II instrument 9: rewards converging",
-    "posttrain_policy_ratio_distance": "Part II instrument 11: ratio far from 1.0",
-    "posttrain_reward_smoothed": "002: reward trajectory",
-    "posttrain_reward_peak": "002: peak followed by decline",
-    "posttrain_reward_peak_step": "002: where is the best checkpoint",
-    "posttrain_reward_drawdown": "002: peak followed by decline",
-    "posttrain_reward_plateau": "002: is the rate of improvement itself changing",
-    "posttrain_generation_time_ratio": "002: GPU behaviour, generation share of step time",
-    "posttrain_regime": "002: the five KL-versus-reward regimes",
-    "posttrain_loss_oscillating": "002: pg loss oscillating around zero",
-    "posttrain_loss_magnitude_ratio": "002: pg loss suddenly doubled or halved",
-}
