@@ -176,6 +176,75 @@ def row(title: str, panels: list[dict], collapsed: bool = False) -> dict:
 FLAG = [(None, "green"), (1, "orange")]
 
 
+# --- step-aligned panels: instruments against the logged step, runs overlaid as in W&B / TensorBoard -------------
+#
+# Grafana plots against wall-clock time; the trend panel plots against any ascending numeric field. Each panel asks
+# for two tables per run at the same evaluation times: the instrument's value (refId A) and the step at which that
+# value was logged (refId B, posttrain_instrument_last_step: for instruments logged on some steps only, such as
+# GRPO's rewards with num_iterations > 1, posttrain_step would pair a value with a later step). Each query keeps
+# only the times where the other exists (`and on (run)`), so every row has both. Then, in Grafana:
+#   merge             one table Time | run | Value #A | Value #B (rows with the same Time and run are joined)
+#   groupingToMatrix  one row per step (Value #B), one column per run (its Value #A), null where a run has no value
+#   organize          the step column ("Value #B\run") renamed "step"
+#   convertFieldType  "step" to a number (groupingToMatrix makes its row field a string)
+#   sortBy            ascending step, which the trend panel requires
+# The trend panel takes one frame: the matrix is that frame, with the step as its x field and one series per run.
+
+STEP_FIELD = "step"
+VALUE_COLUMN, STEP_COLUMN = "Value #A", "Value #B"  # the Prometheus data source's names for two table queries
+STEP_MAX_POINTS = 3000  # rows per query: one per scrape over 12 h at 15 s (Prometheus allows 11,000)
+STEP_TRANSFORMATIONS = [
+    {"id": "merge", "options": {}},
+    {"id": "groupingToMatrix", "options": {"columnField": "run", "rowField": STEP_COLUMN, "valueField": VALUE_COLUMN,
+                                           "emptyValue": "null"}},
+    {"id": "organize", "options": {"renameByName": {f"{STEP_COLUMN}\\run": STEP_FIELD}}},
+    {"id": "convertFieldType", "options": {"conversions": [{"targetField": STEP_FIELD, "destinationType": "number"}],
+                                           "fields": {}}},
+    {"id": "sortBy", "options": {"fields": {}, "sort": [{"field": STEP_FIELD, "desc": False}]}},
+]
+
+
+def step_queries(metric: str, instrument: str, sub: str = "") -> list[dict]:
+    """The instrument's value per run (A) and the step it was logged at (B), each kept where the other exists."""
+    sel = ", ".join(part for part in (sub, RUN) if part)
+    value = f"max by (run) ({metric}{{{sel}}})"
+    step = f'max by (run) (posttrain_instrument_last_step{{instrument="{instrument}", {sel}}})'
+    return [{**t(f"{value}\nand on (run) {step}"), "format": "table"},
+            {**t(f"{step}\nand on (run) {value}", "{{run}} step"), "format": "table"}]
+
+
+def by_step(title: str, description: str, metric: str, instrument: str, sub: str = "", unit: str = "short",
+            w: int = 8, h: int = 8) -> dict:
+    """A trend panel: the instrument against the training step, one line per selected run."""
+    return {
+        "type": "trend", "title": title, "description": description, "datasource": DS,
+        "gridPos": {"w": w, "h": h}, "maxDataPoints": STEP_MAX_POINTS,
+        "targets": _targets(step_queries(metric, instrument, sub)),
+        "transformations": STEP_TRANSFORMATIONS,
+        "fieldConfig": {
+            "defaults": {"unit": unit, "color": {"mode": "palette-classic"},
+                         "custom": {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 0, "pointSize": 4,
+                                    "showPoints": "auto", "spanNulls": True, "axisPlacement": "auto"}},
+            "overrides": [{"matcher": {"id": "byName", "options": STEP_FIELD},
+                           "properties": [{"id": "unit", "value": "none"}, {"id": "decimals", "value": 0},
+                                          {"id": "custom.axisLabel", "value": "training step"}]}]},
+        "options": {"xField": STEP_FIELD,
+                    "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                    "tooltip": {"mode": "multi", "sort": "none"}},
+    }
+
+
+STEP_ROW = "By step: runs overlaid as in W&B and TensorBoard"
+STEP_NOTE = ("x is the logged training step, not time: select several runs to overlay them. One point per scrape "
+             "(steps logged between two scrapes are not drawn); the time range still picks the samples.")
+
+
+def step_row(panels: list[dict]) -> dict:
+    for p in panels:
+        p["description"] = f"{p['description']} {STEP_NOTE}"
+    return row(STEP_ROW, panels, collapsed=True)
+
+
 # --- shared panels ----------------------------------------------------------------------------------------------
 
 
@@ -411,6 +480,17 @@ def grpo() -> dict:
                        overrides=[right(".*(ratio|discontinuities).*")]),
             *fundamentals(),
         ], collapsed=True),
+        step_row([
+            by_step("Reward std by step", "Within-group reward spread at each logged step; healthy well above 0.05.",
+                    "posttrain_reward_std", "reward_std"),
+            by_step("Mean reward by step", "Mean reward at each logged step.", "posttrain_reward", "reward"),
+            by_step("KL by step", "KL to the reference at each logged step: 0.5 warns, 1.0 is a stop sign.",
+                    "posttrain_kl", "kl"),
+            by_step("Entropy by step", "Policy entropy at each logged step: a slow decline is healthy, a cliff is "
+                    "collapse.", "posttrain_entropy", "entropy", w=12),
+            by_step("Completion length by step", "Mean completion length (tokens) at each logged step.",
+                    "posttrain_completion_length", "completion_length", 'stat="mean"', unit="none", w=12),
+        ]),
     ], ["grpo"])
 
 
@@ -473,6 +553,13 @@ def ppo() -> dict:
                        overrides=[right(".*(baseline ratio|threshold).*")]),
             *fundamentals(),
         ], collapsed=True),
+        step_row([
+            by_step("Score by step", "The reward model's score at each logged step.", "posttrain_reward", "reward"),
+            by_step("KL by step", "KL to the reference at each logged step: 0.5 warns, 1.0 is a stop sign.",
+                    "posttrain_kl", "kl"),
+            by_step("Clip fraction by step", "Share of clipped updates at each logged step: above 30% the steps are "
+                    "too large.", "posttrain_clip_fraction", "clip_fraction", unit="percentunit"),
+        ]),
     ], ["ppo"])
 
 
@@ -526,6 +613,16 @@ def dpo() -> dict:
             timeseries("Entropy", "Policy entropy: a slow decline is healthy, a cliff is collapse.",
                        [t(f"posttrain_entropy{{{RUN}}}", "{{run}} entropy")], w=12),
         ]),
+        step_row([
+            by_step("Chosen reward by step", "Implicit reward of the chosen responses at each logged step.",
+                    "posttrain_dpo_reward", "dpo_reward", 'kind="chosen"', w=12),
+            by_step("Rejected reward by step", "Implicit reward of the rejected responses at each logged step.",
+                    "posttrain_dpo_reward", "dpo_reward", 'kind="rejected"', w=12),
+            by_step("Margin by step", "Chosen minus rejected reward at each logged step: grows then plateaus.",
+                    "posttrain_dpo_reward", "dpo_reward", 'kind="margin"', w=12),
+            by_step("Preference accuracy by step", "Share of pairs where the chosen response wins, at each logged "
+                    "step.", "posttrain_dpo_accuracy_ratio", "dpo_accuracy", unit="percentunit", w=12),
+        ]),
     ], ["dpo"])
 
 
@@ -559,6 +656,12 @@ def sft() -> dict:
                        unit="percentunit"),
             timeseries("Entropy", "Mean token entropy: falls as the model grows confident; a cliff to ~0 is "
                        "overconfidence.", [t(f"posttrain_entropy{{{RUN}}}", "{{run}} entropy")]),
+        ]),
+        step_row([
+            by_step("Loss by step", "Training loss at each logged step: falls then flattens.", "posttrain_loss",
+                    "loss", w=12),
+            by_step("Gradient norm by step", "Gradient norm before clipping at each logged step.",
+                    "posttrain_grad_norm", "grad_norm", w=12),
         ]),
     ], ["sft"])
 

@@ -2,12 +2,14 @@
 scrape it, run every panel's queries over the replay and draw the board (its grid layout, one plot per panel)
 as a PNG with matplotlib.
 
-    .venv/bin/python scripts/preview_dashboards.py                       # docs/img/{grpo,grpo_saturated,dpo,sft}.png
+    .venv/bin/python scripts/preview_dashboards.py          # docs/img/{grpo,grpo_saturated,dpo,sft,grpo_by_step}.png
     .venv/bin/python scripts/preview_dashboards.py --runs dpo --rate 40 --out /tmp/img
 
 Needs /usr/bin/prometheus and matplotlib (a dev dependency). The replay appends one log record at a time to
 a file the exporter follows (`--rate` records per second; Prometheus scrapes every `--scrape` seconds), so
-the series have the run's history; the x axis is the training step (posttrain_step at each sample).
+the series have the run's history; the x axis is the training step (posttrain_step at each sample; for the
+step-aligned trend panels, the step the panel's own queries give, joined as Grafana's transformations join them).
+Runs of the same board are also drawn together: that board's step-aligned row with the runs overlaid.
 The stack helpers here are also used by tests/test_dashboards.py."""
 
 from __future__ import annotations
@@ -128,6 +130,130 @@ def load_boards() -> dict[str, dict]:
 
 def legend(fmt: str, labels: dict[str, str]) -> str:
     return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: labels.get(m.group(1), ""), fmt).strip()
+
+
+# --- what Grafana makes of a panel's answers (the step-aligned trend panels) -------------------------------------
+#
+# A frame is {field name: values}, all of one length. These follow Grafana 10.4 / 11: the Prometheus data source's
+# table format (@grafana/prometheus transformDFToTable) and the transformations of @grafana/data that the
+# step-aligned panels use. Only what those panels need; an unknown transformation raises.
+
+Frame = dict[str, list]
+
+
+def prometheus_tables(answers: dict[str, list[dict]]) -> list[Frame]:
+    """Range answers of format=table queries ({refId: result}), as the data source hands them to the
+    transformations: one table per refId that returned series, Time | its labels (sorted) | "Value #<refId>"
+    ("Value" when only one refId returned data), rows series after series, sorted by time."""
+    refids = [r for r, result in answers.items() if result]
+    tables = []
+    for refid in refids:
+        labels = sorted({k for s in answers[refid] for k in s["metric"]})
+        value = f"Value #{refid}" if len(refids) > 1 else "Value"
+        rows = [(float(ts) * 1000, *(s["metric"].get(k, "") for k in labels), float(v))
+                for s in answers[refid] for ts, v in s["values"]]
+        rows.sort(key=lambda r: r[0])
+        tables.append({name: [r[i] for r in rows] for i, name in enumerate(["Time", *labels, value])})
+    return tables
+
+
+def _rows(frame: Frame) -> list[dict]:
+    n = len(next(iter(frame.values()), []))
+    return [{k: v[i] for k, v in frame.items()} for i in range(n)]
+
+
+def _frame(rows: list[dict], names: list[str]) -> Frame:
+    return {name: [r.get(name) for r in rows] for name in names}
+
+
+def merge(frames: list[Frame], _options: dict) -> list[Frame]:
+    """Grafana's "Merge series/tables": rows whose fields common to every frame are equal become one row."""
+    if len(frames) < 2:
+        return frames
+    names = list(dict.fromkeys(n for f in frames for n in f))
+    keys = [n for n in names if all(n in f for f in frames)]
+    if not keys:
+        return frames
+    merged: dict[tuple, list[dict]] = {}
+    order: list[dict] = []
+    for row in (r for f in frames for r in _rows(f)):
+        bucket = merged.setdefault(tuple(row[k] for k in keys), [])
+        target = next((m for m in bucket if all(m.get(k) in (None, v) for k, v in row.items())), None)
+        if target is None:
+            bucket.append(row)
+            order.append(row)
+        else:
+            target.update(row)
+    return [_frame(order, names)]
+
+
+def grouping_to_matrix(frames: list[Frame], options: dict) -> list[Frame]:
+    """Grafana's "Grouping to matrix": a row per distinct rowField value, a column per distinct columnField value."""
+    if len(frames) != 1:
+        return frames
+    frame = frames[0]
+    col, row, value = options["columnField"], options["rowField"], options["valueField"]
+    empty = {"null": None, "true": True, "false": False}.get(options.get("emptyValue", "empty"), "")
+    cells: dict[object, dict[object, object]] = {}
+    for c, r, v in zip(frame[col], frame[row], frame[value], strict=True):
+        cells.setdefault(c, {})[r] = v  # the last row wins, as in Grafana
+    rows = list(dict.fromkeys(frame[row]))
+    return [{f"{row}\\{col}": rows, **{str(c): [cells[c].get(r, empty) for r in rows] for c in cells}}]
+
+
+def organize(frames: list[Frame], options: dict) -> list[Frame]:
+    """Renames and exclusions (Grafana renames through the display name; the frames here have no other)."""
+    renames, excluded = options.get("renameByName", {}), options.get("excludeByName", {})
+    return [{renames.get(k, k) or k: v for k, v in f.items() if not excluded.get(k)} for f in frames]
+
+
+def convert_field_type(frames: list[Frame], options: dict) -> list[Frame]:
+    """Conversions to number only (what the step-aligned panels use)."""
+    out = []
+    for f in frames:
+        f = dict(f)
+        for c in options["conversions"]:
+            if c["destinationType"] != "number":
+                raise NotImplementedError(c["destinationType"])
+            if c["targetField"] in f:
+                f[c["targetField"]] = [None if v in (None, "") else float(v) for v in f[c["targetField"]]]
+        out.append(f)
+    return out
+
+
+def sort_by(frames: list[Frame], options: dict) -> list[Frame]:
+    """Rows sorted by the listed fields, the first one first."""
+    out = []
+    for f in frames:
+        for s in reversed(options["sort"]):
+            if s["field"] in f:
+                rows = sorted(_rows(f), key=lambda r, k=s["field"]: r[k], reverse=bool(s.get("desc")))
+                f = _frame(rows, list(f))
+        out.append(f)
+    return out
+
+
+TRANSFORMATIONS = {"merge": merge, "groupingToMatrix": grouping_to_matrix, "organize": organize,
+                   "convertFieldType": convert_field_type, "sortBy": sort_by}
+
+
+def transform(frames: list[Frame], transformations: list[dict]) -> list[Frame]:
+    for tr in transformations:
+        if not tr.get("disabled"):
+            frames = TRANSFORMATIONS[tr["id"]](frames, tr.get("options", {}))
+    return frames
+
+
+def trend_series(panel: dict, answers: dict[str, list[dict]]) -> dict[str, list[tuple[float, float]]]:
+    """A trend panel's lines: {series name: [(x, y)]} from its single frame, x being options.xField."""
+    frames = transform(prometheus_tables(answers), panel.get("transformations", []))
+    if not frames or not frames[0]:
+        return {}
+    if len(frames) != 1:
+        raise ValueError(f"{panel['title']}: {len(frames)} frames, the trend panel takes one")
+    frame, x = frames[0], panel["options"]["xField"]
+    return {name: [(xv, yv) for xv, yv in zip(frame[x], ys, strict=True) if yv is not None]
+            for name, ys in frame.items() if name != x}
 
 
 # --- replay -------------------------------------------------------------------------------------------------------
@@ -254,11 +380,22 @@ def draw(board: dict, series: dict[int, list[tuple[str, list[float], list[float]
     plt.close(fig)
 
 
+def collect_trend(stack: Stack, panel: dict, runs: list[str], start: float, end: float, step: float) -> list:
+    """A trend panel's lines for the runs, x being the panel's own x field (the logged step), as Grafana joins it."""
+    answers = {tg["refId"]: stack.query_range(substitute(tg["expr"], runs), start, end, step)
+               for tg in panel["targets"]}
+    return [(name, [x for x, _ in pts], [y for _, y in pts])
+            for name, pts in trend_series(panel, answers).items() if pts]
+
+
 def collect(stack: Stack, board: dict, run: str, start: float, end: float, step: float) -> dict:
     steps = stack.query_range(f'max(posttrain_step{{run="{run}"}})', start, end, step)
     at = {float(ts): float(v) for ts, v in steps[0]["values"]} if steps else {}
     out: dict[int, list] = {}
     for p in all_panels(board):
+        if p["type"] == "trend":
+            out[p["id"]] = collect_trend(stack, p, [run], start, end, step)
+            continue
         for tg in p.get("targets", []):
             result = stack.query_range(substitute(tg["expr"], [run]), start, end, step)
             for s in result:
@@ -268,6 +405,32 @@ def collect(stack: Stack, board: dict, run: str, start: float, end: float, step:
                     out.setdefault(p["id"], []).append((legend(tg.get("legendFormat", ""), s["metric"]) or tg["refId"],
                                                         list(xs), list(ys)))
     return out
+
+
+def step_row_board(board: dict) -> dict:
+    """The board's step-aligned row alone, moved to the top (to draw several runs overlaid)."""
+    row = next(p for p in board["panels"] if p["type"] == "row" and p["title"] == gen_dashboards.STEP_ROW)
+    top = row["gridPos"]["y"]
+
+    def moved(p: dict) -> dict:
+        return {**p, "gridPos": {**p["gridPos"], "y": p["gridPos"]["y"] - top}}
+
+    return {**board, "panels": [{**moved(row), "panels": [moved(p) for p in row["panels"]]}]}
+
+
+def draw_overlays(stack: Stack, boards: dict[str, dict], runs: list[str], start: float, end: float, step: float,
+                  out_dir: Path) -> None:
+    """For each board with several replayed runs: its step-aligned row with those runs overlaid."""
+    for name, board in boards.items():
+        mine = [r for r in runs if BOARD_FOR[r] == name]
+        if len(mine) < 2:
+            continue
+        sub = step_row_board(board)
+        series = {p["id"]: collect_trend(stack, p, mine, start, end, step)
+                  for p in all_panels(sub) if p["type"] == "trend"}
+        out = out_dir / f"{name}_by_step.png"
+        draw(sub, series, f"{board['title']}: runs {', '.join(mine)} overlaid by step", out)
+        print(f"{out} {out.stat().st_size // 1024} KiB")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
                 out = args.out / f"{run}.png"
                 draw(board, series, f"{board['title']}  (run: {run}, real TRL fixture replayed)", out)
                 print(f"{out} {out.stat().st_size // 1024} KiB")
+            draw_overlays(stack, boards, args.runs, start, end, step, args.out)
     return 0
 
 
