@@ -96,6 +96,24 @@ SHAPES: dict[str, Callable[[int], str]] = {
     "spaces": lambda n: " " * n,
     "step_line_digits": lambda n: "step:" + "1" * n,
     "non_ascii": lambda n: "a=" + "\u00e9" * n,
+    # what may stand before a record (parsers/prefix.py), Ray's suffix, containers, metrics blocks (issue 16)
+    "prose_then_dict": lambda n: _repeat("kwargs ", n) + "{'a': 1}",
+    "rank_tags_then_dict": lambda n: _repeat("[r0]:", n) + "{'a': 1}",
+    "ray_actors_then_dict": lambda n: _repeat("(W pid=1, ip=10.0.0.5) ", n) + "{'a': 1}",
+    "timestamps_then_dict": lambda n: _repeat("2026-03-14T09:12:44.5Z ", n) + "{'a': 1}",
+    "spaces_then_dict": lambda n: " " * n + "{'a': 1, 'epoch': 1}",
+    "digits_then_dict": lambda n: "1" * n + ": {'a': 1}",
+    "ray_repeated_spaces": lambda n: "x" + " " * n + "[repeated 2x across cluster]",
+    "ray_repeated_many": lambda n: _repeat("[repeated ", n) + "2x across cluster]",
+    "hf_container_brackets": lambda n: "{'a': " + "[" * n + "}",
+    "hf_quotes_brackets": lambda n: "{'a': 1, " + _repeat("'[", n) + "}",
+    "hf_colons_brackets": lambda n: "{'a': 1, " + _repeat(": ", n) + "[}",
+    "metrics_entry_key": lambda n: "***** train metrics *****\n  " + "k" * n + " = 1",
+    "metrics_entry_spaces": lambda n: "***** train metrics *****\n" + " " * n + "k = 1",
+    "metrics_entry_value": lambda n: "***** train metrics *****\n  k = " + _repeat("1:", n),
+    "metrics_header_long": lambda n: "***** " + "w" * n + " metrics *****",
+    "bar_long_description": lambda n: "d" * n + " 100%|#| 4/4 [00:01<00:00]",
+    "bar_spaces_percent": lambda n: " " * n + "4%|#| 4/4 [00:01<00:00]",
 }
 JSON_SHAPES = ("json_digits", "json_step_digits", "json_deep", "json_deep_open", "json_quotes")
 FORMATS = ["auto", *BUILTIN_FORMATS]

@@ -6,20 +6,25 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from typing import Protocol
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Protocol
 
-from exporter.config import Config, LogSpec
+from exporter.config import Config, EarlyStopSettings, LogSpec
 from exporter.instruments.keymap import KeyMap
 from exporter.instruments.run import RunLimits, RunState
 from exporter.parsers.chain import LineParserChain
 from exporter.parsers.record import ParseError, Record
 from exporter.pipeline import ConsoleStream, IngestStats, warn_once
+from exporter.report.live import verdict_document
+from exporter.sources.detect import TENSORBOARD, TRAINER_STATE, input_kind
 from exporter.sources.files import FileFollower, FollowStats
 from exporter.sources.stdin import StdinReader
 from exporter.sources.tensorboard import FMT as TB_FORMAT
-from exporter.sources.tensorboard import TensorBoardReader, looks_like_tensorboard
-from exporter.sources.trainer_state import TrainerStateReader, looks_like_trainer_state
+from exporter.sources.tensorboard import TensorBoardReader
+from exporter.sources.trainer_state import TrainerStateReader
+
+if TYPE_CHECKING:
+    from exporter.stopsignal import StopSignal
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +175,36 @@ class TensorBoardInput(Input):
             self.run.ingest(rec)
 
 
+class PendingInput(Input):
+    """A path that cannot say yet what it is (not there yet, or a folder holding neither checkpoints nor event
+    files): its reader is chosen at the first poll that finds out (sources/detect.py)."""
+
+    def __init__(self, spec: LogSpec, choose: Callable[[LogSpec], Input | None]) -> None:
+        self.spec = spec
+        self._choose = choose
+        self._chosen: Input | None = None
+        self._waiting = FollowStats()
+
+    @property
+    def follow(self) -> FollowStats:  # type: ignore[override]
+        return self._waiting if self._chosen is None else self._chosen.follow
+
+    @property
+    def catching_up(self) -> bool:
+        return bool(getattr(self._chosen, "catching_up", False))
+
+    def poll(self) -> bool:
+        if self._chosen is None:
+            self._chosen = self._choose(self.spec)
+            if self._chosen is None:
+                return False
+        return self._chosen.poll()
+
+    def finish(self) -> None:
+        if self._chosen is not None:
+            self._chosen.finish()
+
+
 class Exporter:
     def __init__(self, cfg: Config, specs: Iterable[LogSpec]) -> None:
         self.cfg = cfg
@@ -179,6 +214,7 @@ class Exporter:
         self.stats: dict[str, IngestStats] = {}
         self.inputs: list[Input] = [self._input(s) for s in specs]
         self.heartbeat = time.monotonic()
+        self.stop_signal: StopSignal | None = None  # config early_stop: set by serve and run
 
     def run_state(self, name: str) -> RunState:
         if name not in self.runs:
@@ -189,11 +225,18 @@ class Exporter:
         return self.runs[name]
 
     def _input(self, spec: LogSpec) -> Input:
-        run = self.run_state(spec.run)
-        stats = self.stats[spec.run]
-        if spec.format == "trainer_state" or (spec.format == "auto" and looks_like_trainer_state(spec.path)):
+        self.run_state(spec.run)  # the run is there (and scraped) before its log is
+        return self._reader(spec) or PendingInput(spec, self._reader)
+
+    def _reader(self, spec: LogSpec) -> Input | None:
+        """The input reading `spec` as what its path holds, or None while that cannot be told."""
+        kind = input_kind(spec.path, spec.format)
+        if kind is None:
+            return None
+        run, stats = self.run_state(spec.run), self.stats[spec.run]
+        if kind == TRAINER_STATE:
             return TrainerStateInput(spec, run, stats)
-        if spec.format == TB_FORMAT or (spec.format == "auto" and looks_like_tensorboard(spec.path)):
+        if kind == TENSORBOARD:
             return TensorBoardInput(spec, run, stats)
         stream = ConsoleStream(run, stats, LineParserChain(spec.format, self.cfg.formats), self.cfg.max_line_length)
         return ReaderInput(spec, stream) if spec.path == "-" else FileInput(spec, stream)
@@ -205,7 +248,24 @@ class Exporter:
             with self.lock:
                 got |= inp.poll()
                 self.heartbeat = time.monotonic()
+        if got and self.stop_signal is not None and not self.catching_up:  # judged as things stand, not mid-history
+            self.raise_stop_signal(self.stop_signal)
         return got
+
+    def raise_stop_signal(self, signal: StopSignal) -> None:
+        with self.lock:
+            for run in self.runs.values():
+                run.refresh()
+            due = signal.due(self.runs.values())
+        signal.write(due)
+
+    def verdict(self, only: str | None = None) -> dict:
+        """The runs' verdicts as they stand (/api/v1/verdict)."""
+        with self.lock:
+            for run in self.runs.values():
+                run.refresh()
+            settings = self.stop_signal.settings if self.stop_signal is not None else EarlyStopSettings()
+            return verdict_document(self.runs.values(), settings, only)
 
     @property
     def catching_up(self) -> bool:

@@ -30,9 +30,10 @@ from exporter.pipeline import ConsoleStream
 from exporter.report.command import FAIL_ON, run_report
 from exporter.report.command import FORMATS as REPORT_FORMATS
 from exporter.sources.child import FORWARDED_SIGNALS, ChildOutput, run_child
+from exporter.sources.detect import is_log_folder
 from exporter.sources.replay import ReplayReader, demo_log_text
 from exporter.sources.stdin import StdinReader
-from exporter.sources.tensorboard import looks_like_tensorboard
+from exporter.stopsignal import StopSignal, check_stop_folder
 
 PROG = "posttrain-exporter"
 log = logging.getLogger(PROG)
@@ -214,7 +215,7 @@ def _gpu_sampler(cfg: Config, disabled: bool) -> GpuSampler | None:
 def _readable(specs: list[LogSpec]) -> None:
     """A log read once must exist: a file that opens, or a folder of TensorBoard event files."""
     for s in specs:
-        if s.path == "-" or looks_like_tensorboard(s.path):
+        if s.path == "-" or is_log_folder(s.path):
             continue
         try:
             with open(s.path, "rb"):
@@ -251,7 +252,7 @@ def _serve(exporter: Exporter, listen: str, loop, gpu: GpuSampler | None = None,
     host, port, _ = _parse_listen(listen)
     try:
         httpd = serve_http(host, port, build_app(_registry(exporter, True, gpu), lambda: exporter.heartbeat,
-                                                 lambda: exporter.catching_up), web)
+                                                 lambda: exporter.catching_up, exporter.verdict), web)
     except OSError as e:
         raise UsageError(f"cannot listen on {listen}: {e.strerror or e}; pick another with --web.listen-address") \
             from None
@@ -268,6 +269,15 @@ def _serve(exporter: Exporter, listen: str, loop, gpu: GpuSampler | None = None,
             gpu.stop()
 
 
+def _stop_signal(cfg: Config) -> StopSignal | None:
+    """config early_stop: its folder must be there at start (the volume shared with the trainer)."""
+    if not cfg.early_stop.enabled:
+        return None
+    check_stop_folder(cfg.early_stop)
+    log.info("early stop: a %s finding writes %s", cfg.early_stop.severity, cfg.early_stop.file)
+    return StopSignal(cfg.early_stop)
+
+
 def _web(args: argparse.Namespace) -> WebConfig | None:
     return load_web_config(args.web_config_file)
 
@@ -277,6 +287,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     web = _web(args)
     specs = _specs(cfg, args.logs, args.run, args.format)
     exporter = Exporter(cfg, specs)
+    exporter.stop_signal = _stop_signal(cfg)
     for inp in exporter.inputs:  # standard input is copied to standard output: the pod log stays whole
         if isinstance(inp, ReaderInput) and inp.spec.path == "-":
             inp.reader = StdinReader(tee_fd=sys.stdout.fileno())
@@ -323,6 +334,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     listen = args.listen_address or cfg.listen_address
     _parse_listen(listen)
     exporter = Exporter(cfg, specs[1:])
+    exporter.stop_signal = _stop_signal(cfg)
     run = exporter.run_state(child_spec.run)
     stream = ConsoleStream(run, exporter.stats[child_spec.run], LineParserChain(child_spec.format, cfg.formats),
                            cfg.max_line_length)

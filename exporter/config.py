@@ -41,6 +41,22 @@ class LogSpec:
     format: str = "auto"
 
 
+STOP_SEVERITIES = ("critical", "warning")  # critical: pages only; warning: pages and warnings
+
+
+@dataclass(frozen=True)
+class EarlyStopSettings:
+    """The stop signal for the trainer (exporter/stopsignal.py): off unless `file` is given."""
+
+    file: str | None = None  # `{run}` in it: one file per run
+    severity: str = "critical"
+    detectors: frozenset[str] | None = None  # only these detectors raise it; None: every one of the severity
+
+    @property
+    def enabled(self) -> bool:
+        return self.file is not None
+
+
 @dataclass
 class Config:
     logs: list[LogSpec] = field(default_factory=list)
@@ -55,12 +71,13 @@ class Config:
     run: str | None = None  # default run label
     derived: DerivedSettings = field(default_factory=DerivedSettings)
     gpu: GpuSettings = field(default_factory=lambda: GpuSettings())
+    early_stop: EarlyStopSettings = field(default_factory=EarlyStopSettings)
 
 
 def default_run_name(path: str) -> str:
     if path == "-":
         return "stdin"
-    stem = os.path.basename(path).split(".")[0]
+    stem = os.path.basename(os.path.normpath(path)).split(".")[0]  # a folder given as `out/` is `out`
     return stem or "run"
 
 
@@ -98,7 +115,7 @@ def _number(raw: dict, key: str, default: float, *, integer: bool = False, minim
 
 
 KNOWN_KEYS = {"run", "listen_address", "poll_interval_seconds", "logs", "formats", "aliases", "limits", "windows",
-              "thresholds", "baselines", "detectors", "gpu"}
+              "thresholds", "baselines", "detectors", "gpu", "early_stop"}
 # Inputs whose baseline can be given instead of measured: instruments, and `<instrument>_<sub>` for a family.
 BASELINE_INPUTS = {"completion_length", "completion_length_std", "entropy", "reward_std", "grad_norm", "clip_total",
                    "kl", "reward", "loss"}
@@ -134,7 +151,32 @@ def parse_config(raw: Any) -> Config:
             "must be a string like '0,1' or 'GPU-<uuid>'")
     cfg.gpu = GpuSettings(enabled, _number(gpu, "interval_seconds", 1.0, section="gpu"),
                           None if devices is None else str(devices))
+    cfg.early_stop = _early_stop(raw)
     return cfg
+
+
+def _early_stop(raw: dict) -> EarlyStopSettings:
+    """early_stop: {file, severity, detectors}; off without `file`."""
+    sec = _section(raw, "early_stop", {"file", "severity", "detectors"})
+    if not sec:
+        return EarlyStopSettings()
+    path = sec.get("file")
+    _expect(isinstance(path, str) and bool(path.strip()), "early_stop.file",
+            f"must be the path of the stop file (e.g. /logs/posttrain-stop.json), got {path!r}")
+    severity = sec.get("severity", "critical")
+    _expect(severity in STOP_SEVERITIES, "early_stop.severity",
+            f"must be critical (pages) or warning (pages and warnings), got {severity!r}")
+    names = sec.get("detectors")
+    if names is not None:
+        _expect(isinstance(names, list) and bool(names), "early_stop.detectors",
+                "must be a non-empty list of detector names")
+        for i, name in enumerate(names):
+            _expect(name in DETECTORS, f"early_stop.detectors[{i}]",
+                    f"unknown detector {name!r} (known: {', '.join(sorted(DETECTORS))})")
+            allowed = STOP_SEVERITIES[: STOP_SEVERITIES.index(severity) + 1]
+            _expect(DETECTORS[name].severity in allowed, f"early_stop.detectors[{i}]",
+                    f"{name} is a {DETECTORS[name].severity} detector: set early_stop.severity: warning to stop on it")
+    return EarlyStopSettings(path, severity, None if names is None else frozenset(names))
 
 
 def _section(raw: dict, name: str, known: set[str], where: str | None = None) -> dict:

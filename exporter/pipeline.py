@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 _warned: set[tuple[str, ...]] = set()
 # Reasons a line is dropped unread (posttrain_exporter_lines_dropped_total), all exported from the start.
 LINE_DROP_REASONS = ("too_long",)
+# Reasons a console record's step is doubted (posttrain_exporter_step_disagreements_total), exported from the start.
+STEP_DISAGREEMENT_REASONS = ("epoch",)
 # A record from a longer line may hold many or long keys: the run's limits are applied before it waits
 # for its step or its batch, so that waiting records stay small.
 _WIDE_LINE = 16 * 1024
@@ -39,6 +41,7 @@ class IngestStats:
         self.parse_errors: Counter[tuple[str, str]] = Counter()  # (format, reason)
         self.lines_dropped: Counter[str] = Counter()  # by reason
         self.bar_draws = 0  # counted apart: one per progress-bar draw is the hottest path
+        self.step_disagreements: Counter[str] = Counter()  # console records whose step disagrees, by reason
 
     def line_counts(self) -> dict[tuple[str, str], int]:
         counts = dict(self.lines)
@@ -56,7 +59,7 @@ class ConsoleStream:
         self.stats = stats
         self.parsers = parsers
         self.framer = ConsoleFramer(self, max_line_length)
-        self.clock = StepClock()
+        self.clock = StepClock(stats.step_disagreements)
         self.last_data = time.monotonic()
         self._waiting_since: float | None = None  # when records began to wait for a progress-bar redraw
 
@@ -86,9 +89,9 @@ class ConsoleStream:
 
     # --- the framer's sink ----------------------------------------------------------------------
 
-    def bar(self, n: int) -> None:
+    def bar(self, n: int, total: str, description: str | None) -> None:
         self.stats.bar_draws += 1
-        released = self.clock.bar(n)
+        released = self.clock.bar(n, total, description)
         if released:
             self._ingest(released)
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepares a fresh machine: the Debian packages the end-to-end tests and benchmark use
-# (prometheus + promtool, alertmanager, mtail, chromium) and a virtual environment with the exporter.
+# (prometheus + promtool, alertmanager, mtail, chromium) and a virtual environment with the exporter and the
+# `trl-test` extra (TRL on CPU, for the callback's tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +25,10 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test]'
+# The `trl-test` extra's torch first, pinned: pip takes the CPU wheel this machine keeps on disk (a plain `torch` would
+# download several GB of CUDA libraries); then the exporter with its test and trl extras.
+.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q -e '.[test,trl-test]'
 # pip compiles the bytecode of a package it installs (the image does that), not of an editable
 # install; with PYTHONDONTWRITEBYTECODE set, every start would compile the package again.
 .venv/bin/python -m compileall -q exporter

@@ -4,6 +4,7 @@ In CI (CI=true) a missing fixture folder or binary is an error, never a silent s
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -37,6 +38,15 @@ def require_binary(name: str) -> str:
             pytest.fail(f"{name} is not installed: .ci/run must install it (end-to-end tests never skip in CI)")
         pytest.skip(f"{name} not installed")
     return path
+
+
+def require_module(name: str, extra: str) -> None:
+    """A Python package of an optional extra (`pip install -e '.[EXTRA]'`): a failure in CI, a skip elsewhere."""
+    if importlib.util.find_spec(name) is None:
+        if IN_CI:
+            pytest.fail(f"{name} is not installed: scripts/setup.sh must install the {extra!r} extra (end-to-end "
+                        "tests never skip in CI)")
+        pytest.skip(f"{name} not installed (pip install -e '.[{extra}]')")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -28,8 +28,8 @@ class RecordingSink:
         self.records: list = []
         self.abandoned_lines = 0
 
-    def bar(self, n: int) -> None:
-        self.records.extend(self.clock.bar(n))
+    def bar(self, n: int, total: str, description: str | None) -> None:
+        self.records.extend(self.clock.bar(n, total, description))
 
     def clear(self) -> None:
         self.clock.clear()

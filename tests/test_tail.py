@@ -112,10 +112,16 @@ def test_restart_reads_from_the_start_so_windows_are_whole(logfile) -> None:
     assert loss(again) == loss(first) and len(loss(again)) == 60
 
 
-def test_directory_instead_of_file_is_a_read_error(tmp_path) -> None:
-    ex = exporter_for(tmp_path)  # a path that exists but cannot be read as a log
+def test_a_folder_holding_no_log_yet_is_waited_for_not_a_read_error(tmp_path) -> None:
+    """A folder is a Trainer's output_dir: read once it holds a checkpoint's trainer_state.json (or event files)."""
+    ex = exporter_for(tmp_path)
     ex.poll_once()
-    assert ex.inputs[0].follow.read_errors == 1 and ex.inputs[0].follow.up is False
+    assert ex.inputs[0].follow.read_errors == 0 and ex.inputs[0].follow.up is False
+    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text(
+        '{"log_history": [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.25}]}')
+    ex.poll_once()
+    assert ex.inputs[0].follow.up is True and loss(ex) == {1: 0.5, 2: 0.25}
 
 
 def test_resumed_run_cuts_history_back(logfile) -> None:

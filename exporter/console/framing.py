@@ -20,9 +20,9 @@ from typing import Protocol
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*+[A-Za-z]")
 _CURSOR_UP = "\x1b[A"  # tqdm moves up after drawing a bar at position >= 1 (nested, e.g. eval)
-# `  4%|▍         | 13/300 [00:01<00:36,  7.95it/s]` with any description before the first |; a count of
-# more than 15 digits is no training bar (and would be no step).
-_BAR = re.compile(r"^[^{|]*+\|[^|]*+\|\s*+(\d{1,15})/(\d++)\s*+\[[^\]]*+\]")
+# `  4%|▍         | 13/300 [00:01<00:36,  7.95it/s]` with any description before the first | (group 1, None
+# when there is only the percentage); a count or total of more than 15 digits is no bar (and would be no step).
+_BAR = re.compile(r"^(?:\s*+\d{1,3}+%|([^{|]*+))\|[^|]*+\|\s*+(\d{1,15}+)/(\d{1,15}+)\s*+\[[^\]]*+\]")
 _CLEAR_MIN_SPACES = 8
 # Starts of a line that a trainer prints in one piece; only these are held open when cut.
 # (Possessive: `\d+[^)]*` without a `)` after it backtracked over every split of the digits.)
@@ -33,7 +33,9 @@ MAX_LINE_LENGTH = 1 << 20  # characters; the config's limits.max_line_length
 class ConsoleSink(Protocol):
     """Receives what the framer finds, in stream order."""
 
-    def bar(self, n: int) -> None: ...  # a draw of the training bar (nested bars are left out)
+    # A draw of a bar at count n of `total` (as printed), with the text before its first | when that is more
+    # than the percentage (None: no description, as the training bar has). Nested bars are left out.
+    def bar(self, n: int, total: str, description: str | None) -> None: ...
 
     def clear(self) -> None: ...  # the training bar was cleared (tqdm.write does this first)
 
@@ -137,7 +139,8 @@ class ConsoleFramer:
             if "|" in raw and "\x1b" not in raw:
                 m = bar_match(raw)
                 if m is not None and m.end() == len(raw):  # a plain bar draw, nothing after it
-                    sink.bar(int(m.group(1)))
+                    description, n, total = m.groups()
+                    sink.bar(int(n), total, description)
                     continue
             elif " " == raw[0] == raw[-1] and raw.isspace():
                 if len(raw) >= _CLEAR_MIN_SPACES:
@@ -165,7 +168,8 @@ class ConsoleFramer:
             m = _BAR.match(text)
             if m:
                 if _CURSOR_UP not in raw:
-                    self.sink.bar(int(m.group(1)))
+                    description, n, total = m.groups()
+                    self.sink.bar(int(n), total, description)
                 rest = text[m.end() :]
                 if rest and not rest.isspace():
                     self._text(rest, newline)

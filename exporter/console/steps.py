@@ -4,18 +4,27 @@ The record's own step wins when its format carries one. HF Trainer's console lin
 only `epoch`; but tqdm prints them through `tqdm.write`, which clears the bar, prints the line
 and redraws the bar. The redraw after a clear shows the step the line was logged at, also when
 stdout is block-buffered and the lines arrive many bar updates late: each clear-redraw pair is
-queued, and records take the queued steps in order. A stream with no bars numbers its records
-by ordinal.
+queued, and records take the queued steps in order. A stream with no training bar numbers its
+records by ordinal.
+
+Only the training bar gives steps. It has no description (`Loading checkpoint shards: 100%|` and
+`Map: 100%|` have one; the framer leaves out nested bars such as evaluation's), and its total is the
+run's max steps: the first such bar sets the total, and a bar of another total is another bar, unless
+it starts (at 0) once the last one ran to its end or gave no record a step (a new `trainer.train()`).
 
 A clear whose redraw never comes (a line of spaces that only looks like one) must not hold the
 records after it: a clear before any bar draw is none, and once more records wait for one redraw
 than a stdout block can hold, they take their fallback steps (the console stream also lets them go
 after a few seconds).
+
+A training record that takes a fallback step (no redraw of the training bar gave it one) is checked
+against its `epoch` (EpochCheck); one that disagrees is counted, never changed.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import math
+from collections import Counter, deque
 
 from exporter.parsers.record import Record, RecordKind
 
@@ -24,15 +33,76 @@ _MAX_QUEUED = 4096  # a stderr-only stream queues redraws that no record will ta
 _MAX_WAITING = 256  # records after a clear waiting for its redraw; an 8 KB stdout block holds fewer
 
 
-class StepClock:
+class EpochCheck:
+    """Does a training record's step agree with its `epoch`?
+
+    The Trainer's epoch grows in proportion to the step (steps per epoch, give or take one step at each
+    epoch boundary under gradient accumulation), so a run's records share one steps-per-epoch ratio. Each
+    record bounds it, allowing for how its epoch was printed (2 decimals, or 4 significant digits); the
+    bounds of the records so far are intersected, and a record whose bounds miss them disagrees (and is left
+    out). A step that goes back (a resumed run) starts over. Once the bounds are within 5% of each other,
+    a record whose step / epoch falls inside them agrees without more arithmetic (the hot path)."""
+
+    __slots__ = ("_high", "_last_step", "_low", "_tight")
+
     def __init__(self) -> None:
+        self._restart()
+        self._last_step = -1
+
+    def _restart(self) -> None:
+        self._low, self._high = 0.0, math.inf
+        self._tight = -math.inf  # _high once the bounds are within 5%: a step / epoch from _low to it agrees
+
+    def disagrees(self, rec: Record) -> bool:
+        shape = rec.shape
+        if shape and shape[-1] == "epoch":  # the Trainer adds it last
+            epoch = rec.numbers[-1]
+        elif "epoch" in shape:
+            epoch = rec.numbers[shape.index("epoch")]
+        else:
+            return False
+        step = rec.step or 0
+        if step < self._last_step:
+            self._restart()
+        self._last_step = step
+        if not 0.0 < epoch < 1e9:  # NaN too
+            return False
+        if self._low <= step / epoch <= self._tight:
+            return False
+        return self._narrow(step, epoch)
+
+    def _narrow(self, step: int, epoch: float) -> bool:
+        """The record's own bounds: missing the run's, it disagrees; else the run's are narrowed to them."""
+        rounding = max(0.005, 5e-4 * epoch)
+        slack = 1 + int(epoch)
+        low = max(step - slack, 0) / (epoch + rounding)
+        high = (step + slack) / (epoch - rounding) if epoch > rounding else math.inf
+        if high < self._low or low > self._high:
+            return True
+        self._low, self._high = max(self._low, low), min(self._high, high)
+        if self._high <= 1.05 * self._low:
+            self._tight = self._high
+        return False
+
+
+class StepClock:
+    def __init__(self, disagreements: Counter[str] | None = None) -> None:
         self._redraws: deque[int] = deque(maxlen=_MAX_QUEUED)
         self._pending: deque[Record] = deque()
         self._cleared = False  # a clear was seen and its redraw has not come yet
-        self._bar: int | None = None
+        self._bar: int | None = None  # the training bar's last count
+        self._total: str | None = None  # the training bar's total as printed: the run's max steps
+        self._bar_used = False  # a record took a step from the training bar
+        self._epochs = EpochCheck()
+        self.disagreements: Counter[str] = Counter() if disagreements is None else disagreements  # by reason
         self.last_step = 0
 
-    def bar(self, n: int) -> list[Record]:
+    def bar(self, n: int, total: str, description: str | None = None) -> list[Record]:
+        """A bar draw (sink.bar of console/framing.py); the records it releases."""
+        if description is not None and description.strip():
+            return _NONE  # a loading or processing bar
+        if total != self._total and not self._new_training_bar(n, total):
+            return _NONE
         self._bar = n
         if self._cleared:
             self._redraws.append(n)
@@ -40,8 +110,17 @@ class StepClock:
             return self._release()
         return self._release() if self._pending else _NONE
 
+    def _new_training_bar(self, n: int, total: str) -> bool:
+        """A description-less bar of another total is the training bar when none was seen yet, or when it
+        starts once the last one ran to its end or gave no record a step (a new `trainer.train()`)."""
+        last = self._total
+        if last is not None and (n != 0 or (self._bar_used and (self._bar or 0) < int(last))):
+            return False
+        self._total, self._bar_used = total, False
+        return True
+
     def clear(self) -> None:
-        if self._bar is not None:  # no bar was ever drawn: this is no tqdm clear
+        if self._bar is not None:  # no training bar was ever drawn: this is no tqdm clear
             self._cleared = True
 
     @property
@@ -64,9 +143,10 @@ class StepClock:
         out: list[Record] = []
         while self._pending and self._redraws:
             rec = self._pending.popleft()
-            rec.step = self._redraws.popleft()
-            self.last_step = rec.step
+            rec.step = self.last_step = self._redraws.popleft()  # read off the training bar: exact
             out.append(rec)
+        if out:
+            self._bar_used = True
         if self._pending and not self._cleared:
             out.extend(self.flush())  # no redraw is coming: ordinal
         return out
@@ -79,10 +159,16 @@ class StepClock:
             if rec.kind is not RecordKind.TRAIN:
                 rec.step = self.last_step  # eval and summary lines belong to the last training step
             elif self._bar is not None and self._bar > self.last_step:
-                rec.step = self._bar
+                self._step(rec, self._bar)
+                self._bar_used = True
             else:
-                rec.step = self.last_step + 1
-            self.last_step = rec.step
+                self._step(rec, self.last_step + 1)
             out.append(rec)
         self._cleared = False
         return out
+
+    def _step(self, rec: Record, step: int) -> None:
+        """A training record's fallback step: checked against its epoch."""
+        rec.step = self.last_step = step
+        if self._epochs.disagrees(rec):
+            self.disagreements["epoch"] += 1

@@ -16,7 +16,7 @@ from exporter.instruments.derived import threshold_series
 from exporter.instruments.families import BY_NAME as FAMILIES
 from exporter.instruments.keymap import INSTRUMENTS
 from exporter.instruments.run import KEY_DROP_REASONS
-from exporter.pipeline import LINE_DROP_REASONS
+from exporter.pipeline import LINE_DROP_REASONS, STEP_DISAGREEMENT_REASONS
 
 
 def _labelled_gauge(name: str, doc: str) -> Metric:
@@ -180,6 +180,11 @@ class ExporterCollector(Collector):
                                       "(none, non_numeric), out of a float's range (out_of_range), or steps that "
                                       "are no non-negative integer below 2**53 (step_*; the record is kept "
                                       "without its step).", labels=["run", "reason"])
+        disagreements = CounterMetricFamily(p + "step_disagreements", "Console training records given a "
+                                            "fallback step (no redraw of the training progress bar gave one: their "
+                                            "ordinal, or the bar's last count) that disagrees, by reason: epoch "
+                                            "(with the steps per epoch of the run's other such records). The step "
+                                            "is kept.", labels=["run", "reason"])
         resets = CounterMetricFamily(p + "history_resets", "Times a run's step went backwards (resumed from "
                                      "a checkpoint) and its history was cut back.", labels=["run"])
         stops = CounterMetricFamily(p + "stop_signals", "Stop files written for the trainer (config early_stop; "
@@ -200,6 +205,8 @@ class ExporterCollector(Collector):
                 dropped.add_metric([name, reason], run.keys_dropped[reason])
             for reason in LINE_DROP_REASONS:
                 lines_dropped.add_metric([name, reason], st.lines_dropped[reason])
+            for reason in STEP_DISAGREEMENT_REASONS:
+                disagreements.add_metric([name, reason], st.step_disagreements[reason])
             for reason, n in sorted(run.values_skipped.items()):
                 skipped.add_metric([name, reason], n)
             resets.add_metric([name], run.resets)
@@ -230,7 +237,7 @@ class ExporterCollector(Collector):
         info = GaugeMetricFamily(p + "build_info", "Version of the exporter, value 1.",
                                  labels=["version", "python_version"])
         info.add_metric([__version__, platform.python_version()], 1.0)
-        yield from (lines, errors, records, last, dropped, lines_dropped, skipped, resets, stops)
+        yield from (lines, errors, records, last, dropped, lines_dropped, skipped, disagreements, resets, stops)
         yield from (up, rotations, truncations, resumed, read_errors, read_bytes, info)
 
 

@@ -1,4 +1,5 @@
-"""The HTTP endpoint: /metrics for Prometheus, /healthz for the kubelet, / for a person.
+"""The HTTP endpoint: /metrics for Prometheus, /healthz for the kubelet, /api/v1/verdict for the trainer's
+callback and scripts (each run's verdict and active findings as JSON), / for a person.
 
 A bounded server, as Prometheus exporters run theirs: a listen backlog of LISTEN_BACKLOG; at most
 MAX_CONNECTIONS open (beyond, new ones wait in the kernel's backlog, never a thread each); a connection
@@ -11,6 +12,7 @@ that rendering."""
 from __future__ import annotations
 
 import gzip
+import json
 import logging
 import os
 import queue
@@ -40,6 +42,9 @@ WORKERS = 16  # requests served at once (rendering is shared, so more would only
 MAX_CONNECTIONS = 1024  # open at once, most of them waiting at the gate; beyond it the kernel's backlog holds them
 IDLE_TIMEOUT_SECONDS = 10.0  # one read or write that waits longer ends the connection
 CONNECTION_DEADLINE_SECONDS = 30.0  # so does a connection open longer (a client trickling its request)
+VERDICT_PATH = "/api/v1/verdict"
+
+Verdict = Callable[[str | None], dict]  # the runs' verdicts as a JSON document (or the one run named)
 
 
 class SharedRender:
@@ -96,11 +101,25 @@ def metrics_app(registry: CollectorRegistry) -> Callable:
     return app
 
 
+def verdict_app(verdict: Verdict) -> Callable:
+    """/api/v1/verdict: each run's verdict and active findings as JSON (`?run=NAME`: that run only)."""
+
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        only = parse_qs(environ.get("QUERY_STRING", "")).get("run", [None])[0]
+        body = json.dumps(verdict(only), allow_nan=False).encode() + b"\n"
+        start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body))),
+                                  ("Cache-Control", "no-store")])
+        return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else body]
+
+    return app
+
+
 def build_app(registry: CollectorRegistry, heartbeat: Callable[[], float],
-              catching_up: Callable[[], bool] = lambda: False) -> Callable:
+              catching_up: Callable[[], bool] = lambda: False, verdict: Verdict | None = None) -> Callable:
     """/metrics, /healthz (200 while the ingest loop is alive, also while it catches up on a log's history:
-    the body says so; 503 once it has been silent too long) and an index page."""
+    the body says so; 503 once it has been silent too long), /api/v1/verdict (with `verdict`) and an index page."""
     metrics = metrics_app(registry)
+    verdicts = verdict_app(verdict) if verdict is not None else None
 
     def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
         if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
@@ -109,6 +128,8 @@ def build_app(registry: CollectorRegistry, heartbeat: Callable[[], float],
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
             return metrics(environ, start_response)
+        if path == VERDICT_PATH and verdicts is not None:
+            return verdicts(environ, start_response)
         if path == "/healthz":
             age = time.monotonic() - heartbeat()
             ok = age < HEALTH_STALE_SECONDS
@@ -118,8 +139,9 @@ def build_app(registry: CollectorRegistry, heartbeat: Callable[[], float],
             return [b"ok, catching up: reading a log's history\n" if catching_up() else b"ok\n"]
         if path == "/":
             start_response("200 OK", [("Content-Type", "text/html")])
+            links = b" <a href='/api/v1/verdict'>/api/v1/verdict</a>" if verdicts is not None else b""
             return [b"<html><body><h1>posttrain-exporter</h1><p><a href='/metrics'>/metrics</a> "
-                    b"<a href='/healthz'>/healthz</a></p></body></html>\n"]
+                    b"<a href='/healthz'>/healthz</a>" + links + b"</p></body></html>\n"]
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found: try /metrics\n"]
 

@@ -6,34 +6,33 @@ from collections.abc import Callable, Sequence
 
 from exporter.parsers.jsonl import parse_json_line
 from exporter.parsers.katib import parse_katib_anywhere, parse_katib_strict
-from exporter.parsers.pydict import parse_hf_dict, parse_openrlhf
+from exporter.parsers.prefix import without_ray_suffix
+from exporter.parsers.pydict import parse_hf_dict, parse_hf_line, parse_openrlhf
 from exporter.parsers.record import Record
+from exporter.parsers.summary import MetricsBlocks
 from exporter.parsers.userregex import RegexFormat
 from exporter.parsers.verl import parse_verl_console
 
 LineParser = Callable[[str], Record | None]
 
 BUILTIN_FORMATS: dict[str, LineParser] = {
-    "hf": lambda line: _hf_anywhere(line),
+    "hf": lambda line: parse_hf_dict(line) if line.startswith("{'") else parse_hf_line(line),
     "json": parse_json_line,
-    "verl": parse_verl_console,
+    "verl": lambda line: parse_verl_console(without_ray_suffix(line)),
     "openrlhf": parse_openrlhf,
     "katib": parse_katib_anywhere,
 }
 # Not a line format: trainer_state.json is read whole (sources/trainer_state.py).
 FILE_FORMATS = frozenset({"trainer_state", "tensorboard"})
-
-
-def _hf_anywhere(line: str) -> Record | None:
-    # Launchers prefix lines (`[default0]:`, logging headers); the dict runs to the line's end.
-    i = line.find("{'")
-    return None if i < 0 else parse_hf_dict(line[i:])
+# Formats whose streams carry the Trainer's end-of-run metrics blocks (parsers/summary.py).
+_WITH_METRICS_BLOCKS = frozenset({"auto", "hf"})
 
 
 class LineParserChain:
     """Per line: the pinned format only, or each format in turn until one claims the line.
 
-    A parser returns None for "not mine" and raises ParseError for "mine, but broken"."""
+    A parser returns None for "not mine" and raises ParseError for "mine, but broken". One chain reads one
+    stream: it follows the Trainer's metrics blocks across lines."""
 
     def __init__(self, fmt: str = "auto", user_formats: Sequence[RegexFormat] = ()) -> None:
         users = {f.name: f.parse for f in user_formats}
@@ -44,6 +43,7 @@ class LineParserChain:
             self._parsers = [users[fmt]]
         else:
             self._parsers = [BUILTIN_FORMATS[fmt]]
+        self._blocks = MetricsBlocks() if fmt in _WITH_METRICS_BLOCKS else None
 
     @staticmethod
     def _auto_structured(line: str) -> Record | None:
@@ -53,15 +53,23 @@ class LineParserChain:
         if s.startswith('{"'):
             return parse_json_line(s)
         if "{'" in line:
+            line = without_ray_suffix(line)
             rec = parse_openrlhf(line) if "Global step" in line else None
-            return rec if rec is not None else _hf_anywhere(line)
+            return rec if rec is not None else parse_hf_line(line)
         if "step:" in line:
-            return parse_verl_console(line)
+            return parse_verl_console(without_ray_suffix(line))
         return None
 
     def parse(self, line: str) -> Record | None:
+        blocks = self._blocks
+        if blocks is not None and blocks.active:
+            rec = blocks.entry(line)
+            if rec is not None:
+                return rec
         for parser in self._parsers:
             rec = parser(line)
             if rec is not None:
                 return rec
+        if blocks is not None:
+            blocks.header(line)
         return None

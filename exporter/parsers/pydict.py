@@ -1,12 +1,18 @@
 """HF Trainer / TRL console lines: `str(dict)` of the logged values, and OpenRLHF's step lines.
 
 `{'loss': '6.176', 'grad_norm': 4.2, 'kl': None, 'x': np.float64(0.1), 'epoch': 0.5}`
-A regex walks the key/value pairs; nothing is evaluated."""
+A regex walks the key/value pairs; nothing is evaluated.
+
+Programs print other dicts too (generation kwargs, Ray and DeepSpeed configs, a model card). A dict is a
+training record only when it is flat (no value is a dict or a list), holds a number (or `None`, a metric
+that was NaN throughout), runs to the end of its line, and has nothing but known prefixes before it
+(parsers/prefix.py), or else carries `epoch`, which the Trainer adds to every record it logs in training."""
 
 from __future__ import annotations
 
 import re
 
+from exporter.parsers.prefix import known_prefix, without_ray_suffix
 from exporter.parsers.quoted import QuotedShapes
 from exporter.parsers.record import ParseError, Record
 from exporter.parsers.values import Skip, step_of_digits, step_or_none, to_float
@@ -16,6 +22,10 @@ from exporter.parsers.values import Skip, step_of_digits, step_or_none, to_float
 _PAIR = re.compile(r"""(?:'([^']*)'|"([^"]*)")\s*:\s*(?:'([^']*)'|("[^"]*"|[^,{}]*))""")
 # OpenRLHF logs `✨ Global step 12: {...}` through Python logging.
 _OPENRLHF = re.compile(r"Global step (\d+):\s*(\{.*)$")
+# Quoted strings, dropped before looking for a value that opens a dict or a list (possessive: an unclosed
+# quote is scanned once).
+_QUOTED_STRING = re.compile("'[^']*+'|\"[^\"]*+\"")
+_CONTAINER_VALUE = re.compile(r":\s*+[\[{]")
 
 
 def parse_pairs(body: str, fmt: str, step: int | None = None, skipped: dict[str, int] | None = None) -> Record:
@@ -45,13 +55,41 @@ def parse_hf_dict(line: str) -> Record | None:
     if s.startswith('{"'):
         return None  # JSON has its own parser; a repr key with a ' inside is too rare to guess at
     if not s.endswith("}"):
-        raise ParseError("truncated", s[-40:], "hf_dict")
+        s = without_ray_suffix(s)
+        if not s.endswith("}"):
+            raise ParseError("truncated", s[-40:], "hf_dict")
     body = s[1:-1]
     if '"' not in body:
         rec = _QUOTED.parse(body)
         if rec is not None:
             return rec
-    return parse_pairs(body, "hf_dict")
+    if _has_container_value(body):
+        return None  # a model card, a config: not metrics
+    rec = parse_pairs(body, "hf_dict")
+    return rec if rec.numbers or "none" in rec.skipped else None  # only text values: a data sample
+
+
+def parse_hf_line(line: str) -> Record | None:
+    """A dict after other text on its line: a record behind known prefixes; after anything else (prose
+    that mentions a dict) only when it carries the Trainer's `epoch`. Prose is never an error."""
+    line = without_ray_suffix(line)
+    i = line.find("{'")
+    if i < 0:
+        return None
+    if known_prefix(line, i):
+        return parse_hf_dict(line[i:])
+    try:
+        rec = parse_hf_dict(line[i:])
+    except ParseError:
+        return None
+    return rec if rec is not None and "epoch" in rec.shape else None
+
+
+def _has_container_value(body: str) -> bool:
+    """A value that is a dict or a list, outside quoted strings."""
+    if "{" not in body and "[" not in body:
+        return False
+    return _CONTAINER_VALUE.search(_QUOTED_STRING.sub("", body)) is not None
 
 
 def parse_openrlhf(line: str) -> Record | None:

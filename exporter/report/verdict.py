@@ -80,14 +80,20 @@ class RunVerdict:
 
 def judge(run: RunState, runbook_base: str = RUNBOOK_BASE) -> RunVerdict:
     run.refresh()
-    findings = _findings(run, runbook_base)
+    found = findings(run, runbook_base)
     best_step, best_reward, kl_at_best = _best(run)
-    return RunVerdict(run.name, run.step, run.finished, findings, best_step, best_reward, kl_at_best,
+    return RunVerdict(run.name, run.step, run.finished, found, best_step, best_reward, kl_at_best,
                       _regimes(run), _instruments(run), {k: s.arrays() for k, s in run.series.items() if len(s)},
                       _limits(run))
 
 
-def _findings(run: RunState, runbook_base: str) -> list[Finding]:
+def summary_of(d: Detector, run: str, component: str | None) -> str:
+    """The alert's summary for this run (and reward component)."""
+    return d.summary.replace("{run}", run).replace("{component}", component or "")
+
+
+def findings(run: RunState, runbook_base: str = RUNBOOK_BASE) -> list[Finding]:
+    """The run's findings: its detectors' episodes, one finding per alert (and reward component), pages first."""
     by_alert: dict[tuple[str, str | None], Finding] = {}
     for r in run.detectors.readings():
         d: Detector = r.detector
@@ -96,9 +102,9 @@ def _findings(run: RunState, runbook_base: str) -> list[Finding]:
             last = e.end if e.end is not None else run.step
             f = by_alert.get((d.alert, r.sub))
             if f is None:
-                words = d.summary.replace("{run}", run.name).replace("{component}", r.sub or "")
                 by_alert[d.alert, r.sub] = Finding(d.alert, d.name, d.severity, d.instrument, r.sub, e.start, last,
-                                                   [ep], words, d.meaning, f"{runbook_base}#{d.alert.lower()}")
+                                                   [ep], summary_of(d, run.name, r.sub), d.meaning,
+                                                   f"{runbook_base}#{d.alert.lower()}")
             else:
                 f.episodes.append(ep)
                 f.first_step, f.last_step = min(f.first_step, e.start), max(f.last_step, last)

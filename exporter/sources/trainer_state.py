@@ -2,38 +2,116 @@
 
 The trainer rewrites the whole file at every checkpoint, so it is read whole when it changes and
 only the entries not seen before become records. A shorter history than before is a new run.
-An entry that cannot be a record (not an object, no valid step) is counted in `entry_errors`."""
+An entry that cannot be a record (not an object, no valid step) is counted in `entry_errors`.
+
+The file is known by its name, or by its content under another name (a JSON object with a
+`log_history` key, copied out of a checkpoint or renamed). A Trainer's output folder is read through
+its newest trainer_state.json: the Trainer writes one into each `checkpoint-N/` folder as it saves,
+and its own at the end of training; a newer checkpoint is followed as it appears."""
 
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 
 from exporter.parsers.jsonl import flatten_numeric, loads_bounded, step_of_json
 from exporter.parsers.record import ParseError, Record
 from exporter.parsers.values import Skip
 
+NAME = "trainer_state.json"
+_SNIFF_BYTES = 64 << 10  # the Trainer sorts its keys: log_history comes after a few short ones
+_CHECKPOINT = re.compile(r"checkpoint-(\d{1,15})")
+# A JSON string or a bracket: the tokens that give the nesting. The string's closing quote is optional, so
+# that an unclosed one is consumed once to the end, not scanned again from each of its escaped quotes.
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]++|\\.)*+"?|[{}\[\]]', re.DOTALL)
+_COLON = re.compile(r"\s*+:")
+
 
 def looks_like_trainer_state(path: str) -> bool:
-    return os.path.basename(path) == "trainer_state.json"
+    """A trainer_state.json by name, a file holding one under another name, or a folder holding one."""
+    if os.path.basename(path) == NAME:
+        return True
+    if os.path.isdir(path):
+        return trainer_state_in(path) is not None
+    return os.path.isfile(path) and holds_log_history(path)  # never read from a FIFO to judge it
+
+
+def holds_log_history(path: str) -> bool:
+    """The file's text is a JSON object with a `log_history` key (judged from its first 64 KiB)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_SNIFF_BYTES).decode("utf-8", "replace").lstrip()
+    except OSError:
+        return False
+    return head[:1] == "{" and head[1:].lstrip()[:1] == '"' and _key_of_first_object(head, '"log_history"')
+
+
+def _key_of_first_object(text: str, key: str) -> bool:
+    """`key` (quoted) is a key of the JSON object `text` starts with, before that object closes (a JSON
+    lines file's later objects do not count)."""
+    depth = 0
+    for m in _JSON_TOKEN.finditer(text):
+        token = m.group()
+        if token in ("{", "["):
+            depth += 1
+        elif token in ("}", "]"):
+            depth -= 1
+            if depth == 0:
+                return False
+        elif depth == 1 and token == key and _COLON.match(text, m.end()):
+            return True
+    return False
+
+
+def trainer_state_in(folder: str) -> str | None:
+    """The newest trainer_state.json of a Trainer's output folder (its own, or a `checkpoint-N/` one's), by
+    modification time and then by checkpoint number; None when it holds none."""
+    best: tuple[int, int, str] | None = None
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return None
+    for entry in entries:
+        if entry.name == NAME:
+            candidate, number = entry.path, -1
+        elif (m := _CHECKPOINT.fullmatch(entry.name)) is not None:
+            candidate, number = os.path.join(entry.path, NAME), int(m.group(1))
+        else:
+            continue
+        try:
+            mtime = os.stat(candidate).st_mtime_ns
+        except OSError:
+            continue
+        if best is None or (mtime, number) > best[:2]:
+            best = (mtime, number, candidate)
+    return None if best is None else best[2]
 
 
 class TrainerStateReader:
+    """One trainer_state.json, or the newest of a Trainer's output folder (`path` is then the folder)."""
+
     def __init__(self, path: str) -> None:
         self.path = path
         self.up = False
         self._seen = 0
-        self._sig: tuple[int, int] | None = None  # (mtime_ns, size) of the last read
+        self._sig: tuple[str, int, int] | None = None  # (file, mtime_ns, size) of the last read
         self.entry_errors: Counter[str] = Counter()  # log_history entries that are no record, by reason
+
+    def _file(self) -> str | None:
+        return trainer_state_in(self.path) if os.path.isdir(self.path) else self.path
 
     def poll(self) -> list[Record]:
         """New records since the last poll. Raises ParseError for a file that is not (yet) valid."""
         try:
-            st = os.stat(self.path)
-            sig = (st.st_mtime_ns, st.st_size)
+            path = self._file()
+            if path is None:
+                raise FileNotFoundError(self.path)
+            st = os.stat(path)
+            sig = (path, st.st_mtime_ns, st.st_size)
             if sig == self._sig:
                 return []
-            with open(self.path, "rb") as f:
+            with open(path, "rb") as f:
                 text = f.read().decode("utf-8", "replace")
         except OSError:
             self.up = False

@@ -1,0 +1,95 @@
+"""The trainer's side of the exact feed: each logged record as one JSON line, `{"step": N, ...numbers...}`, the
+format the exporter reads with the record's own step (exporter/parsers/jsonl.py), so no step is guessed from a
+progress bar. Numbers only (a NaN or an infinity as Python's json writes them, which the exporter reads);
+each line is flushed as it is written.
+
+It never raises: the trainer matters more than its metrics. A failed write is logged once, the file is closed
+and opened again at the next record; the records lost meanwhile are counted and said when writing works again."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import numbers
+import os
+from collections.abc import Mapping
+from typing import IO
+
+log = logging.getLogger(__name__)
+
+STEP_KEY = "step"
+
+
+def numeric(v: object) -> int | float | None:
+    """A logged value as a JSON number, or None when it is not one (a string, a bool, a tensor of many)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int | float):
+        return v
+    if isinstance(v, numbers.Real):  # numpy scalars
+        return float(v)
+    item = getattr(v, "item", None)  # a one-element tensor or array
+    if callable(item):
+        try:
+            x = item()
+        except Exception:  # more than one element, or a device error: not a metric of ours
+            return None
+        return x if isinstance(x, int | float) and not isinstance(x, bool) else None
+    return None
+
+
+def feed_line(step: int, values: Mapping[str, object]) -> str | None:
+    """`{"step": N, ...}` with the numeric values (None when there is none)."""
+    record: dict[str, int | float] = {}
+    for key, v in values.items():
+        n = numeric(v)
+        if n is not None and key != STEP_KEY:
+            record[str(key)] = n
+    if not record:
+        return None
+    return json.dumps({STEP_KEY: int(step), **record}, separators=(", ", ": ")) + "\n"
+
+
+class FeedWriter:
+    """Appends feed lines to `path` (its folder made if missing), opened at the first record."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self.written = 0
+        self.lost = 0  # records that could not be written
+        self._file: IO[str] | None = None
+        self._failing = False
+
+    def write(self, step: int, values: Mapping[str, object]) -> bool:
+        try:
+            line = feed_line(step, values)
+            if line is None:
+                return False
+            if self._file is None:
+                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+                self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  (kept open across records)
+            self._file.write(line)
+            self._file.flush()
+        except Exception as e:  # a full disk, a volume gone, a value json refuses: never the trainer's problem
+            self.lost += 1
+            self._close_quietly()
+            if not self._failing:
+                self._failing = True
+                log.warning("posttrain-exporter feed: cannot write %s (%s); training goes on, and writing is tried "
+                            "again at the next record", self.path, e)
+            return False
+        self.written += 1
+        if self._failing:
+            self._failing = False
+            log.warning("posttrain-exporter feed: writing %s again (%d records were lost)", self.path, self.lost)
+        return True
+
+    def close(self) -> None:
+        self._close_quietly()
+
+    def _close_quietly(self) -> None:
+        f, self._file = self._file, None
+        if f is not None:
+            with contextlib.suppress(Exception):  # closing a file on a vanished volume fails too: nothing to do
+                f.close()

@@ -1,0 +1,84 @@
+"""Runs as they stand now, for the exporter's `/api/v1/verdict` and its stop signal: the report's verdict (the
+detectors' episodes so far) and the findings active at the last logged step, the state the alerts read.
+
+Call with the exporter's lock held and each run refreshed (its waiting records applied)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.config import STOP_SEVERITIES, EarlyStopSettings
+from exporter.instruments.run import RunState
+from exporter.report.verdict import findings, summary_of
+
+_ORDER = {"critical": 0, "warning": 1}
+
+
+@dataclass(frozen=True)
+class ActiveFinding:
+    """A detector active now: its alert is firing (or would be, once Prometheus has scraped it)."""
+
+    alert: str
+    detector: str
+    severity: str
+    component: str | None  # the reward component, for per-component detectors
+    since_step: int  # the logged step at which the condition that made it active began to hold
+    value: float  # the level judged at its last logged step, and its limit
+    limit: float
+    summary: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"alert": self.alert, "detector": self.detector, "severity": self.severity,
+                "component": self.component, "since_step": self.since_step, "value": _finite(self.value),
+                "limit": _finite(self.limit), "summary": self.summary}
+
+
+def active_findings(run: RunState) -> list[ActiveFinding]:
+    """The run's detectors that are active now, pages first."""
+    out = [ActiveFinding(r.detector.alert, r.detector.name, r.detector.severity, r.sub, r.state.since_step, r.value,
+                         r.limit, summary_of(r.detector, run.name, r.sub))
+           for r in run.detectors.readings() if r.state.active]
+    return sorted(out, key=lambda f: (_ORDER[f.severity], f.since_step, f.alert, f.component or ""))
+
+
+def stopping(active: list[ActiveFinding], settings: EarlyStopSettings) -> list[ActiveFinding]:
+    """The active findings that raise the stop signal: at or above its severity, among its detectors if listed."""
+    levels = STOP_SEVERITIES[: STOP_SEVERITIES.index(settings.severity) + 1]
+    chosen = settings.detectors
+    return [f for f in active if f.severity in levels and (chosen is None or f.detector in chosen)]
+
+
+def run_document(run: RunState, settings: EarlyStopSettings) -> dict[str, Any]:
+    """One run's verdict as /api/v1/verdict gives it."""
+    found = findings(run)
+    active = active_findings(run)
+    severities = {f.severity for f in found}
+    firing = {(f.alert, f.component) for f in active}
+    return {
+        "run": run.name,
+        "step": run.step if run.step >= 0 else None,
+        "finished": run.finished,
+        "verdict": "unhealthy" if found else "healthy",  # as `posttrain-exporter report` says it
+        "worst": next((s for s in STOP_SEVERITIES if s in severities), None),
+        "stop": bool(stopping(active, settings)),
+        "active": [f.as_json() for f in active],
+        "findings": [{"alert": f.alert, "detector": f.detector, "severity": f.severity, "component": f.component,
+                      "first_step": f.first_step, "last_step": f.last_step,
+                      "active": (f.alert, f.component) in firing} for f in found],
+    }
+
+
+def verdict_document(runs: Iterable[RunState], settings: EarlyStopSettings, only: str | None = None) -> dict[str, Any]:
+    """Every run's verdict (or the run named `only`), and the stop signal's settings."""
+    return {
+        "runs": [run_document(r, settings) for r in runs if only is None or r.name == only],
+        "early_stop": {"enabled": settings.enabled, "file": settings.file, "severity": settings.severity,
+                       "detectors": None if settings.detectors is None else sorted(settings.detectors)},
+    }
+
+
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None  # JSON has no NaN

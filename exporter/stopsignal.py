@@ -1,0 +1,117 @@
+"""The early stop signal (config `early_stop`, off by default): when a run's detectors hold a finding at or above
+`early_stop.severity` (a page, by default), a small JSON file on the volume the trainer shares says so, and the
+trainer's callback (exporter/integrations/trl.py) stops the training on it.
+
+The file holds the run, its step, the findings that raised it and a one-line reason. It is written atomically
+(a temporary file in the same folder, renamed over it), so a reader sees the whole of it or nothing; written again
+when another finding joins, or one that had cleared comes back (each write is counted); and it stays after the
+findings clear: it is the record of a stop, removed by whoever starts the next training (the callback ignores a
+file that was there before it started)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from exporter import __version__
+from exporter.config import ConfigError, EarlyStopSettings
+from exporter.instruments.run import RunState
+from exporter.report.live import ActiveFinding, active_findings, stopping
+
+log = logging.getLogger(__name__)
+
+RUN_PLACEHOLDER = "{run}"  # in early_stop.file: one stop file per run
+
+Finding = tuple[str, str | None]  # (alert, reward component)
+
+
+class StopSignal:
+    def __init__(self, settings: EarlyStopSettings) -> None:
+        assert settings.file is not None, "a stop signal needs its file"
+        self.settings = settings
+        self.writes: Counter[tuple[str, str]] = Counter()  # (run, outcome: written or failed)
+        self._raised: dict[str, frozenset[Finding]] = {}  # per run: the findings its file holds
+        self._warned: set[str] = set()
+
+    def path_for(self, run: str) -> str:
+        assert self.settings.file is not None
+        return self.settings.file.replace(RUN_PLACEHOLDER, run.replace("/", "_"))  # a run named by its folders
+
+    def due(self, runs: Iterable[RunState]) -> list[tuple[str, str, dict[str, Any]]]:
+        """(run, path, document) of each stop file to write now: a run whose findings raising the signal include
+        one its file does not hold yet. With the exporter's lock held, each run refreshed."""
+        out = []
+        for run in runs:
+            found = stopping(active_findings(run), self.settings)
+            keys = frozenset((f.alert, f.component) for f in found)
+            if not keys <= self._raised.get(run.name, frozenset()):
+                out.append((run.name, self.path_for(run.name), stop_document(run, found)))
+            elif keys:
+                self._raised[run.name] = keys  # one that cleared raises the signal again when it comes back
+            else:
+                self._raised.pop(run.name, None)
+        return out
+
+    def write(self, due: list[tuple[str, str, dict[str, Any]]]) -> None:
+        """Writes the files `due` returned (without the lock: file I/O must not hold up a scrape). A failed write
+        is logged once per file and tried again after the next records."""
+        for run, path, doc in due:
+            try:
+                write_atomically(path, json.dumps(doc, indent=1) + "\n")
+            except OSError as e:
+                self.writes[run, "failed"] += 1
+                if path not in self._warned:
+                    self._warned.add(path)
+                    log.error("run %s: cannot write the stop file %s (%s); trying again after the next records "
+                              "(further failures are only counted in posttrain_exporter_stop_signals_total)", run,
+                              path, e.strerror or e)
+                continue
+            self.writes[run, "written"] += 1
+            self._raised[run] = frozenset((a["alert"], a["component"]) for a in doc["alerts"])
+            log.warning("run %s: stop signal written to %s: %s", run, path, doc["reason"])
+
+
+def stop_document(run: RunState, found: list[ActiveFinding]) -> dict[str, Any]:
+    first = found[0]
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    where = f" [{first.component}]" if first.component else ""
+    reason = (f"{first.alert}{where} ({first.severity}) at step {run.step}, held since step {first.since_step}: "
+              f"{first.summary}{more}")
+    return {"run": run.name, "step": run.step, "alerts": [f.as_json() for f in found], "reason": reason,
+            "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "exporter": f"posttrain-exporter {__version__}"}
+
+
+def write_atomically(path: str, text: str) -> None:
+    """`text` as the whole of `path`: a temporary file beside it, flushed to disk, renamed over it."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from a trainer running as another user
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def check_stop_folder(settings: EarlyStopSettings) -> None:
+    """At start: the stop file's folder exists and can be written (raises ConfigError naming the field)."""
+    if settings.file is None:
+        return
+    folder = os.path.dirname(os.path.abspath(settings.file.replace(RUN_PLACEHOLDER, "run")))
+    if not os.path.isdir(folder):
+        raise ConfigError(f"early_stop.file: folder {folder} does not exist (the volume shared with the trainer)")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"early_stop.file: folder {folder} is not writable by the exporter")

@@ -1,0 +1,221 @@
+"""The exporter's early stop (config `early_stop`) and its /api/v1/verdict: the stop file is written at the step a
+page becomes active, as the report and the alerts judge it, atomically and once per finding; the endpoint says what
+the report says, behind the same TLS and basic auth as /metrics. The trainer's side: tests/test_feed.py,
+tests/test_trl_callback.py."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import shutil
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import bcrypt
+import pytest
+import yaml
+from conftest import REPO, exporter_cmd, free_port, require_binary, run_cli
+from support.certs import make_pki
+
+from exporter.app import Exporter
+from exporter.config import Config, ConfigError, LogSpec, parse_config
+from exporter.integrations.feed import FeedWriter
+from exporter.integrations.stopwatch import VerdictPoller
+from exporter.report.command import verdicts
+from exporter.stopsignal import StopSignal
+
+CORPUS = REPO / "tests" / "fixtures" / "corpus"
+KL_BLOWUP = CORPUS / "grpo_kl_blowup" / "trainer_state.json"
+HISTORY = json.loads(KL_BLOWUP.read_text())["log_history"]
+
+
+@pytest.mark.parametrize(("raw", "field"), [
+    ({"early_stop": {"severity": "critical"}}, "early_stop.file: must be the path of the stop file"),
+    ({"early_stop": {"file": ""}}, "early_stop.file: must be the path"),
+    ({"early_stop": {"file": "/x", "severity": "page"}}, "early_stop.severity: must be critical"),
+    ({"early_stop": {"file": "/x", "detectors": "kl_critical"}}, "early_stop.detectors: must be a non-empty list"),
+    ({"early_stop": {"file": "/x", "detectors": ["kl_critcal"]}}, r"early_stop.detectors\[0\]: unknown detector"),
+    ({"early_stop": {"file": "/x", "detectors": ["kl_high"]}},
+     r"early_stop.detectors\[0\]: kl_high is a warning detector: set early_stop.severity: warning"),
+    ({"early_stop": {"file": "/x", "when": "now"}}, "early_stop.when: unknown setting"),
+    ({"early_stop": "/x"}, "early_stop: must be a mapping"),
+])
+def test_config_errors_name_the_field(raw: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        parse_config(raw)
+
+
+def test_off_by_default_and_parsed() -> None:
+    assert not Config().early_stop.enabled and not parse_config({}).early_stop.enabled
+    es = parse_config({"early_stop": {"file": "/logs/stop-{run}.json", "severity": "warning",
+                                      "detectors": ["kl_high", "kl_critical"]}}).early_stop
+    assert es.enabled and es.severity == "warning" and es.detectors == {"kl_high", "kl_critical"}
+    assert StopSignal(es).path_for("a/trainer_state") == "/logs/stop-a_trainer_state.json"
+
+
+def test_a_missing_stop_folder_stops_serve_at_start(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(yaml.safe_dump({"early_stop": {"file": str(tmp_path / "gone" / "stop.json")}}))
+    res = run_cli("serve", "--log", str(tmp_path / "x.log"), "--config", str(cfg), "--no-gpu",
+                  "--listen-address", f"127.0.0.1:{free_port()}")
+    err = res.stderr.decode().strip()
+    assert res.returncode == 2 and "\n" not in err, err
+    assert err.startswith("posttrain-exporter: config error: early_stop.file: folder ") and "does not exist" in err
+
+
+def _writes_step_by_step(tmp_path: Path, early_stop: dict) -> tuple[list[dict], StopSignal]:
+    """The corpus run grpo_kl_blowup fed one record at a time, as a trainer's callback writes them, polled after
+    each: every stop file written, in order."""
+    cfg = parse_config({"early_stop": early_stop})
+    feed_path = tmp_path / "feed.jsonl"
+    feed_path.touch()
+    exporter = Exporter(cfg, [LogSpec(str(feed_path), "grpo")])
+    exporter.stop_signal = signal = StopSignal(cfg.early_stop)
+    feed = FeedWriter(feed_path)
+    stop_file = Path(signal.path_for("grpo"))
+    written, last = [], None
+    for entry in HISTORY:
+        feed.write(entry["step"], entry)
+        exporter.poll_once()
+        if stop_file.exists() and (text := stop_file.read_text()) != last:
+            last = text
+            written.append(json.loads(text))
+    feed.close()
+    assert not list(tmp_path.glob(".*.tmp"))  # no temporary file left behind
+    return written, signal
+
+
+def _report_findings() -> dict[str, list[tuple[int, int, int | None]]]:
+    (v,) = verdicts(Config(), [LogSpec(str(KL_BLOWUP), "grpo")])
+    return {f.alert: [(e.since, e.start, e.end) for e in f.episodes] for f in v.findings}
+
+
+def test_the_stop_file_is_written_at_the_step_the_page_becomes_active(tmp_path: Path) -> None:
+    found = _report_findings()
+    written, signal = _writes_step_by_step(tmp_path, {"file": str(tmp_path / "stop.json")})
+    kl_since, kl_start, _ = found["PostTrainKLCritical"][0]
+    first = written[0]
+    assert (first["run"], first["step"]) == ("grpo", kl_start)
+    assert [a["alert"] for a in first["alerts"]] == ["PostTrainKLCritical"]
+    assert first["alerts"][0]["since_step"] == kl_since and first["alerts"][0]["limit"] == 1.0
+    assert first["reason"] == (f"PostTrainKLCritical (critical) at step {kl_start}, held since step {kl_since}: "
+                               "KL divergence held beyond the stop threshold in run grpo.")
+    # again when the second page joins, and when it comes back after it cleared: never for warnings
+    std = found["PostTrainRewardStdCollapsed"]
+    assert [w["step"] for w in written] == [kl_start, *(start for _, start, _ in std)]
+    assert [a["alert"] for a in written[1]["alerts"]] == ["PostTrainKLCritical", "PostTrainRewardStdCollapsed"]
+    assert signal.writes["grpo", "written"] == len(written) and signal.writes["grpo", "failed"] == 0
+
+
+def test_severity_and_detectors_choose_what_stops(tmp_path: Path) -> None:
+    found = _report_findings()
+    warn, chosen = tmp_path / "warning", tmp_path / "chosen"
+    warn.mkdir()
+    chosen.mkdir()
+    warned, _ = _writes_step_by_step(warn, {"file": str(warn / "stop.json"), "severity": "warning"})
+    earliest = min(start for eps in found.values() for _, start, _ in eps)
+    assert warned[0]["step"] == earliest and warned[0]["alerts"][0]["severity"] == "warning"
+    chosen, _ = _writes_step_by_step(chosen, {"file": str(chosen / "stop.json"), "detectors": ["reward_std_collapsed"]})
+    assert [w["step"] for w in chosen] == [start for _, start, _ in found["PostTrainRewardStdCollapsed"]]
+    assert {a["alert"] for w in chosen for a in w["alerts"]} == {"PostTrainRewardStdCollapsed"}
+
+
+def test_a_failed_write_is_counted_logged_once_and_tried_again(tmp_path: Path, caplog) -> None:
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    cfg = parse_config({"early_stop": {"file": str(folder / "stop.json")}})
+    feed_path = tmp_path / "feed.jsonl"
+    feed_path.touch()
+    exporter = Exporter(cfg, [LogSpec(str(feed_path), "grpo")])
+    exporter.stop_signal = signal = StopSignal(cfg.early_stop)
+    feed = FeedWriter(feed_path)
+    shutil.rmtree(folder)  # the volume went away
+    with caplog.at_level(logging.ERROR, logger="exporter.stopsignal"):
+        for step in range(1, 11):
+            feed.write(step, {"kl": 5.0})
+            exporter.poll_once()
+    assert signal.writes["grpo", "failed"] >= 2 and signal.writes["grpo", "written"] == 0
+    assert sum("cannot write the stop file" in r.getMessage() for r in caplog.records) == 1
+    folder.mkdir()
+    feed.write(11, {"kl": 5.0})
+    exporter.poll_once()
+    assert signal.writes["grpo", "written"] == 1 and json.loads((folder / "stop.json").read_text())["step"] == 11
+    feed.close()
+
+
+# --- /api/v1/verdict through `serve`, behind TLS and basic auth --------------------------------------------------
+
+PASSWORD = "s3cret"
+
+
+def _get(url: str, ctx: ssl.SSLContext, auth: bool = True, method: str = "GET") -> tuple[int, bytes, dict]:
+    headers = {"Authorization": "Basic " + base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()} if auth else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers, method=method), timeout=5,
+                                    context=ctx) as r:
+            return r.status, r.read(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), dict(e.headers)
+
+
+def test_the_verdict_endpoint_says_what_the_report_says(tmp_path: Path) -> None:
+    require_binary("openssl")
+    pki = make_pki(tmp_path / "pki")
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(yaml.safe_dump({"tls_server_config": {"cert_file": str(pki.server_cert),
+                                                         "key_file": str(pki.server_key)},
+                                   "basic_auth_users": {"prometheus": hashed}}))
+    cfg = tmp_path / "exporter.yml"
+    cfg.write_text(yaml.safe_dump({"early_stop": {"file": str(tmp_path / "stop.json")}}))
+    log = tmp_path / "trainer_state.json"
+    shutil.copy(KL_BLOWUP, log)
+    port = free_port()
+    p = subprocess.Popen(exporter_cmd("serve", "--no-gpu", "--listen-address", f"127.0.0.1:{port}", "--log", str(log),
+                                      "--run", "grpo", "--config", str(cfg), "--web.config.file", str(web)),
+                         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ctx = ssl.create_default_context(cafile=str(pki.ca))
+    url = f"https://localhost:{port}/api/v1/verdict"
+    try:
+        deadline, doc = time.monotonic() + 20, {}
+        while time.monotonic() < deadline:
+            try:
+                status, body, headers = _get(url, ctx)
+                doc = json.loads(body)
+                if doc["runs"] and doc["runs"][0]["step"] == 300:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        assert status == 200 and headers["Content-Type"] == "application/json", body
+        (run,) = doc["runs"]
+        (report,) = verdicts(Config(), [LogSpec(str(KL_BLOWUP), "grpo")])
+        assert run["verdict"] == report.verdict == "unhealthy" and run["worst"] == "critical" and run["finished"]
+        assert [(f["alert"], f["first_step"], f["last_step"]) for f in run["findings"]] == \
+            [(f.alert, f.first_step, f.last_step) for f in report.findings]
+        active = {f["alert"]: f for f in run["active"]}
+        assert {f.alert for f in report.findings if f.episodes[-1].end is None} == set(active)
+        assert active["PostTrainKLCritical"]["since_step"] == report.findings[0].episodes[-1].since
+        assert active["PostTrainKLCritical"]["severity"] == "critical" and run["stop"]
+        assert doc["early_stop"] == {"enabled": True, "file": str(tmp_path / "stop.json"), "severity": "critical",
+                                     "detectors": None}
+        assert json.loads(_get(url + "?run=other", ctx)[1])["runs"] == []
+        assert json.loads(_get(url + "?run=grpo", ctx)[1])["runs"][0]["run"] == "grpo"
+        assert _get(url, ctx, auth=False)[0] == 401  # the same gate as /metrics
+        assert _get(url, ctx, method="HEAD")[:2] == (200, b"")
+        stop = json.loads((tmp_path / "stop.json").read_text())
+        assert stop["step"] == 300 and stop["alerts"][0]["alert"] == "PostTrainKLCritical"
+        # the callback's way of asking: TLS with the CA, basic auth, and the run's name
+        poller = VerdictPoller(f"https://localhost:{port}", run="grpo", auth=("prometheus", PASSWORD),
+                               cafile=str(pki.ca))
+        notice = poller.poll_once()
+        assert notice is not None and notice.alerts[0] == "PostTrainKLCritical" and notice.step == 300
+        assert VerdictPoller(f"https://localhost:{port}", cafile=str(pki.ca)).poll_once() is None  # no password
+    finally:
+        p.terminate()
+        assert p.wait(10) == 0, p.stderr.read().decode()

@@ -1,0 +1,185 @@
+"""The in-process feed's two halves without a trainer: the JSON lines the callback writes (and that the exporter
+reads with their exact steps and kinds), and the stop signal's reader (stop file, /api/v1/verdict). The callback
+in a real TRL training: tests/test_trl_callback.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TRL, trainer_state
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.app import Exporter
+from exporter.config import Config, LogSpec
+from exporter.exposition.collector import ExporterCollector
+from exporter.integrations.feed import FeedWriter, feed_line, numeric
+from exporter.integrations.stopwatch import StopFileWatch, VerdictPoller, notice_of_verdict, verdict_url
+from exporter.parsers.chain import LineParserChain
+from exporter.stopsignal import write_atomically
+
+
+class _Tensor:
+    """A one-element tensor as far as the feed is concerned: it has .item()."""
+
+    def __init__(self, v: object) -> None:
+        self.v = v
+
+    def item(self) -> object:
+        if isinstance(self.v, list):
+            raise ValueError("only one element tensors can be converted to Python scalars")
+        return self.v
+
+
+def test_numbers_only_step_first() -> None:
+    line = feed_line(7, {"loss": 0.25, "epoch": np.float32(0.5), "num_tokens": 434, "grad_norm": _Tensor(1.5),
+                         "flag": True, "name": "grpo", "many": _Tensor([1, 2]), "nothing": None, "step": 99,
+                         "kl": float("nan"), "big": float("inf")})
+    assert line is not None and line.startswith('{"step": 7, ') and line.endswith("}\n")
+    doc = json.loads(line)
+    assert list(doc)[:1] == ["step"] and doc["step"] == 7
+    assert {k: v for k, v in doc.items() if k not in ("kl", "big")} == {
+        "step": 7, "loss": 0.25, "epoch": 0.5, "num_tokens": 434, "grad_norm": 1.5}
+    assert math.isnan(doc["kl"]) and doc["big"] == math.inf
+    rec = LineParserChain().parse(line.rstrip("\n"))
+    assert rec is not None and rec.step == 7 and rec.fmt == "jsonl" and math.isnan(rec.values["kl"])
+    assert feed_line(3, {"name": "x", "flag": False}) is None
+    assert numeric(np.int64(3)) == 3.0 and numeric(True) is None and numeric("1.5") is None
+
+
+def _dump(path: Path) -> dict[tuple[str, tuple], str]:
+    """The training families of `dump PATH` as {(sample, labels): value} (the exporter's own health left out:
+    its line counters name the format)."""
+    ex = Exporter(Config(), [LogSpec(str(path), "run")])
+    ex.read_to_end()
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(ExporterCollector(ex))
+    out = {}
+    for fam in text_string_to_metric_families(generate_latest(reg).decode()):
+        if fam.name.startswith("posttrain_exporter_"):
+            continue
+        for s in fam.samples:
+            out[s.name, tuple(sorted(s.labels.items()))] = repr(s.value)
+    return out
+
+
+@pytest.mark.parametrize("run", ["sft", "grpo", "dpo"])
+def test_a_feed_reads_as_the_runs_trainer_state(run: str, tmp_path: Path) -> None:
+    """Every log_history entry of a real run (training, evaluation, the end-of-training summary) written by the
+    feed is the same record to the exporter as trainer_state.json's: same steps, values, kinds and metrics."""
+    feed = FeedWriter(tmp_path / "feed.jsonl")
+    history = trainer_state(run)
+    for entry in history:
+        assert feed.write(entry["step"], entry)
+    feed.close()
+    lines = (tmp_path / "feed.jsonl").read_text().splitlines()
+    assert [json.loads(ln) for ln in lines] == [{"step": e["step"], **{k: v for k, v in e.items() if k != "step"}}
+                                                 for e in history]
+    chain = LineParserChain()
+    records = [chain.parse(ln) for ln in lines]
+    assert [r.step for r in records] == [e["step"] for e in history]
+    # kinds as the console's records of the same run have them (its stdout.log, printed by the trainer)
+    console = [chain.parse(ln) for ln in (TRL / run / "stdout.log").read_text().splitlines() if ln.startswith("{'")]
+    assert [r.kind for r in records] == [r.kind for r in console]
+    assert _dump(tmp_path / "feed.jsonl") == _dump(TRL / run / "trainer_state.json")
+
+
+def test_a_write_error_is_logged_once_and_writing_resumes(tmp_path: Path, caplog) -> None:
+    blocker = tmp_path / "logs"
+    blocker.write_text("a file where the feed's folder should be")
+    feed = FeedWriter(blocker / "feed.jsonl")
+    with caplog.at_level(logging.WARNING, logger="exporter.integrations.feed"):
+        assert not any(feed.write(step, {"loss": 1.0}) for step in range(1, 6))
+        assert feed.lost == 5
+        assert len(caplog.records) == 1 and "cannot write" in caplog.records[0].getMessage()
+        blocker.unlink()
+        assert feed.write(6, {"loss": 0.5})
+        assert "again (5 records were lost)" in caplog.records[-1].getMessage()
+    feed.close()
+    assert (blocker / "feed.jsonl").read_text() == '{"step": 6, "loss": 0.5}\n'
+
+
+def test_each_record_is_flushed_as_it_is_written(tmp_path: Path) -> None:
+    feed = FeedWriter(tmp_path / "feed.jsonl")
+    for step in (2, 4):
+        feed.write(step, {"loss": 1.0 / step})
+        assert (tmp_path / "feed.jsonl").read_text().splitlines()[-1] == json.dumps({"step": step, "loss": 1.0 / step})
+    feed.close()
+
+
+# --- the stop signal, read --------------------------------------------------------------------------------------
+
+
+def _stop_doc(run: str = "grpo", step: int = 43) -> dict:
+    return {"run": run, "step": step, "reason": f"PostTrainKLCritical (critical) at step {step}, held since step 41",
+            "alerts": [{"alert": "PostTrainKLCritical", "severity": "critical", "since_step": 41}]}
+
+
+def test_stop_file_watch(tmp_path: Path, caplog) -> None:
+    path = tmp_path / "stop.json"
+    write_atomically(str(path), json.dumps(_stop_doc(step=10)))  # an earlier training's
+    watch = StopFileWatch(path)
+    watch.start()
+    with caplog.at_level(logging.WARNING, logger="exporter.integrations.stopwatch"):
+        assert watch.check() is None and watch.check() is None
+        assert sum("before this training started" in r.getMessage() for r in caplog.records) == 1
+    write_atomically(str(path), json.dumps(_stop_doc(step=43)))
+    notice = watch.check()
+    assert notice is not None and (notice.run, notice.step, notice.alerts) == ("grpo", 43, ("PostTrainKLCritical",))
+    assert notice.source == str(path) and "held since step 41" in notice.reason
+    assert watch.check() is notice  # read once: unchanged files cost a stat
+    os.unlink(path)
+    assert watch.check() is None
+
+    other = StopFileWatch(path, run="sft")
+    other.start()
+    write_atomically(str(path), json.dumps(_stop_doc(run="grpo")))
+    assert other.check() is None
+    write_atomically(str(path), json.dumps(_stop_doc(run="sft")))
+    assert other.check() is not None
+
+    with caplog.at_level(logging.WARNING, logger="exporter.integrations.stopwatch"):
+        write_atomically(str(path), "not json")
+        assert watch.check() is None and "cannot read the stop file" in caplog.records[-1].getMessage()
+        write_atomically(str(path), '{"run": "grpo"}')
+        assert watch.check() is None and "not one the exporter writes" in caplog.records[-1].getMessage()
+
+
+def test_notice_of_a_verdict() -> None:
+    doc = {"runs": [
+        {"run": "a", "step": 50, "active": [{"alert": "PostTrainKLWarning", "severity": "warning", "since_step": 40,
+                                             "summary": "KL held above the warning threshold."}]},
+        {"run": "b", "step": 60, "active": [{"alert": "PostTrainKLCritical", "severity": "critical", "since_step": 55,
+                                             "summary": "KL held beyond the stop threshold."}]},
+    ]}
+    n = notice_of_verdict(doc, "url", None, "critical")
+    assert n is not None and (n.run, n.step, n.alerts) == ("b", 60, ("PostTrainKLCritical",))
+    assert n.reason == ("PostTrainKLCritical (critical) at step 60, held since step 55: KL held beyond the stop "
+                        "threshold.")
+    assert notice_of_verdict(doc, "url", "a", "critical") is None
+    assert notice_of_verdict(doc, "url", "a", "warning").alerts == ("PostTrainKLWarning",)
+    assert notice_of_verdict({"runs": "nonsense"}, "url", None, "critical") is None
+    assert notice_of_verdict([1, 2], "url", None, "critical") is None
+
+
+def test_verdict_url() -> None:
+    assert verdict_url("http://127.0.0.1:9847", None) == "http://127.0.0.1:9847/api/v1/verdict"
+    assert verdict_url("https://h:9847/api/v1/verdict", "grpo 7b") == "https://h:9847/api/v1/verdict?run=grpo+7b"
+    assert verdict_url("http://h/prefix/", "r") == "http://h/prefix/api/v1/verdict?run=r"
+
+
+def test_verdict_poller_without_an_exporter_never_raises(caplog) -> None:
+    from conftest import free_port
+
+    poller = VerdictPoller(f"http://127.0.0.1:{free_port()}", timeout=1.0)
+    with caplog.at_level(logging.WARNING, logger="exporter.integrations.stopwatch"):
+        assert poller.poll_once() is None and poller.poll_once() is None
+    assert sum("cannot ask" in r.getMessage() for r in caplog.records) == 1
+    with pytest.raises(ValueError, match="severity"):
+        VerdictPoller("http://127.0.0.1:1", severity="page")
