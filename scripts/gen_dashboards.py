@@ -416,7 +416,7 @@ def grpo() -> dict:
             timeseries("Completion length",
                        "Mean, min and max completion length against the run's baseline (dashed). A steady climb "
                        "suggests a length bias in the reward; a collapse to one short template is mode collapse.",
-                       [t(f'posttrain_completion_length{{stat=~"mean|min|max|mean_terminated", {RUN}}}',
+                       [t(f'posttrain_completion_length_tokens{{stat=~"mean|min|max|mean_terminated", {RUN}}}',
                           "{{run}} {{stat}}"),
                         baseline("completion_length", 'stat="mean"'),
                         limit("completion_length_growing", "completion_length_shrinking")],
@@ -427,7 +427,7 @@ def grpo() -> dict:
                        "stddev of the mean length: falling to ~0 means every completion looks alike. Right: the "
                        "window mean over the baseline; outside 0.7x..1.3x deserves investigation (length hacking "
                        "or collapse).",
-                       [t(f'posttrain_completion_length{{stat="std", {RUN}}}', "{{run}} within-group std"),
+                       [t(f'posttrain_completion_length_tokens{{stat="std", {RUN}}}', "{{run}} within-group std"),
                         t(f'posttrain_window_stddev{{instrument="completion_length", stat="mean", {RUN}}}',
                           "{{run}} window stddev"),
                         t(f"posttrain_completion_length_baseline_ratio{{{RUN}}}", "{{run}} baseline ratio"),
@@ -438,14 +438,14 @@ def grpo() -> dict:
                        "mean length and mean terminated length (right, tokens): truncation inflates the first.",
                        [t(f"posttrain_completion_truncated_ratio{{{RUN}}}", "{{run}} truncated"),
                         thr("completion_truncated"),
-                        t(f"posttrain_completion_length_truncation_gap{{{RUN}}}", "{{run}} truncation gap")],
+                        t(f"posttrain_completion_length_truncation_gap_tokens{{{RUN}}}", "{{run}} truncation gap")],
                        unit="percentunit", overrides=[right(".*gap.*", "none")]),
             timeseries("Clip ratios and asymmetry",
                        "The two faces of clipping. Healthy: low and high roughly balanced, total between 1% and "
                        "40%. Above 40% updates are too large; under 1% the policy barely moves. Asymmetry (right) "
                        "> 0 sharpens what the policy liked, < 0 unlearns.",
                        [t(f'posttrain_clip_ratio{{bound=~"low|high|region", {RUN}}}', "{{run}} {{bound}}"),
-                        t(f"posttrain_clip_combined{{{RUN}}}", "{{run}} low + high"),
+                        t(f"posttrain_clip_combined_ratio{{{RUN}}}", "{{run}} low + high"),
                         thr("clip_total"),
                         t(f'posttrain_trend{{instrument="clip_ratio", bound="region", {RUN}}}',
                           "{{run}} region trend"),
@@ -489,7 +489,7 @@ def grpo() -> dict:
             by_step("Entropy by step", "Policy entropy at each logged step: a slow decline is healthy, a cliff is "
                     "collapse.", "posttrain_entropy", "entropy", w=12),
             by_step("Completion length by step", "Mean completion length (tokens) at each logged step.",
-                    "posttrain_completion_length", "completion_length", 'stat="mean"', unit="none", w=12),
+                    "posttrain_completion_length_tokens", "completion_length", 'stat="mean"', unit="none", w=12),
         ]),
     ], ["grpo"])
 
@@ -532,7 +532,7 @@ def ppo() -> dict:
             timeseries("Clip fraction",
                        "Share of updates where the ratio clip was active: above 30% the steps are too large "
                        "(reduce the learning rate), under 1% the policy barely moves.",
-                       [t(f"posttrain_clip_fraction{{{RUN}}}", "{{run}} clip fraction"), thr("clip_fraction")],
+                       [t(f"posttrain_clip_fraction_ratio{{{RUN}}}", "{{run}} clip fraction"), thr("clip_fraction")],
                        unit="percentunit"),
             timeseries("Value loss",
                        "The critic's loss. Healthy: falls and settles; a climbing or exploding value loss makes the "
@@ -547,7 +547,7 @@ def ppo() -> dict:
             timeseries("Completion length",
                        "Mean length against the baseline ratio (right): outside 0.7x..1.3x deserves investigation "
                        "(length hacking or collapse).",
-                       [t(f'posttrain_completion_length{{stat="mean", {RUN}}}', "{{run}} mean length"),
+                       [t(f'posttrain_completion_length_tokens{{stat="mean", {RUN}}}', "{{run}} mean length"),
                         t(f"posttrain_completion_length_baseline_ratio{{{RUN}}}", "{{run}} baseline ratio"),
                         thr("completion_length")],
                        overrides=[right(".*(baseline ratio|threshold).*")]),
@@ -558,7 +558,7 @@ def ppo() -> dict:
             by_step("KL by step", "KL to the reference at each logged step: 0.5 warns, 1.0 is a stop sign.",
                     "posttrain_kl", "kl"),
             by_step("Clip fraction by step", "Share of clipped updates at each logged step: above 30% the steps are "
-                    "too large.", "posttrain_clip_fraction", "clip_fraction", unit="percentunit"),
+                    "too large.", "posttrain_clip_fraction_ratio", "clip_fraction", unit="percentunit"),
         ]),
     ], ["ppo"])
 

@@ -163,7 +163,7 @@ def baseline(run: RunState, key=("completion_length", "mean")) -> float | None:
 
 def test_truncation_gap_does_not_wait_for_the_length_baseline() -> None:
     run = length_run([100 + s for s in range(1, 6)], terminated=90)  # 5 records, baseline needs 10
-    assert run.derived.gauges[("posttrain_completion_length_truncation_gap", ())] == 105 - 90
+    assert run.derived.gauges[("posttrain_completion_length_truncation_gap_tokens", ())] == 105 - 90
     assert baseline(run) is None
 
 

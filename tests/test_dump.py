@@ -21,9 +21,9 @@ TRL_CANONICAL: dict[str, tuple[str, dict[str, str]]] = {
     "frac_reward_zero_std": ("posttrain_reward_zero_std_ratio", {}),
     "kl": ("posttrain_kl", {}),
     "entropy": ("posttrain_entropy", {}),
-    "completions/mean_length": ("posttrain_completion_length", {"stat": "mean"}),
-    "completions/max_length": ("posttrain_completion_length", {"stat": "max"}),
-    "completions/mean_terminated_length": ("posttrain_completion_length", {"stat": "mean_terminated"}),
+    "completions/mean_length": ("posttrain_completion_length_tokens", {"stat": "mean"}),
+    "completions/max_length": ("posttrain_completion_length_tokens", {"stat": "max"}),
+    "completions/mean_terminated_length": ("posttrain_completion_length_tokens", {"stat": "mean_terminated"}),
     "completions/clipped_ratio": ("posttrain_completion_truncated_ratio", {}),
     "clip_ratio/low_mean": ("posttrain_clip_ratio", {"bound": "low"}),
     "clip_ratio/high_mean": ("posttrain_clip_ratio", {"bound": "high"}),
@@ -85,7 +85,7 @@ def test_dump_gives_last_value_and_step_of_every_instrument(run: str, capture: s
             assert v == value if exact else close4(v, value), (metric, dict(labels), v, value)
         inst = metric.removeprefix("posttrain_")
         if inst != "clip_ratio":  # the others end in a unit suffix that the instrument name lacks
-            inst = inst.removesuffix("_ratio").removesuffix("_seconds")
+            inst = inst.removesuffix("_ratio").removesuffix("_seconds").removesuffix("_tokens")
         assert got["posttrain_instrument_last_step", frozenset({*labels, ("instrument", inst)})] == step
     last_train = max(e["step"] for e in trainer_state(run) if "loss" in e)
     assert got["posttrain_step", frozenset()] == last_train

@@ -68,14 +68,14 @@ COMPLETION_LENGTH_BASELINE_RATIO = Family(
     "Part II instrument 12: length/baseline_ratio (< 0.5x, > 2x)",
 )
 COMPLETION_LENGTH_TRUNCATION_GAP = Family(
-    "posttrain_completion_length_truncation_gap",
+    "posttrain_completion_length_truncation_gap_tokens",
     "Mean length minus mean terminated length (tokens): truncation inflates the first.",
     "Part II/III: gap between mean_length and mean_terminated_length",
     survives_resume=True,
 )
 CLIP_COMBINED = Family(
-    "posttrain_clip_combined",
-    "clip_ratio low + high.",
+    "posttrain_clip_combined_ratio",
+    "Share of tokens clipped at either bound: clip ratio low + high.",
     "Part III instrument 4: total clipping",
 )
 CLIP_ASYMMETRY = Family(
@@ -131,7 +131,8 @@ GENERATION_TIME_RATIO = Family(
 )
 REGIME = Family(
     "posttrain_regime",
-    "KL-versus-reward regime of the practitioner's guide, one series per regime, 1 for the current one.",
+    "KL-versus-reward regime, judged from the trend directions of KL and reward (destructive: KL rising while "
+    "reward falls); one series per regime, 1 for the current one.",
     "practitioner's guide: the five KL-versus-reward regimes",
     survives_resume=True,
 )

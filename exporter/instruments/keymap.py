@@ -55,13 +55,14 @@ INSTRUMENTS: dict[str, Instrument] = {
                    "(low, high, region, low_min, high_max).", "Part III instrument 4: the two faces of clipping",
                    label="bound"),
         Instrument("clip_fraction", "PPO clip fraction: share of updates where the ratio clip was active.",
-                   "Part II instrument 11: policy ratio and clip fraction"),
+                   "Part II instrument 11: policy ratio and clip fraction", unit="ratio"),
         Instrument("policy_ratio", "Mean ratio of current to old policy probabilities (healthy near 1.0).",
                    "Part II instrument 11: policy ratio and clip fraction"),
         Instrument("value_loss", "Value-function loss (PPO critic).", "Part II dashboard: value function"),
         Instrument("completion_length", "Completion length in tokens, by statistic (mean, min, max, "
                    "mean_terminated, min_terminated, max_terminated, std).",
-                   "Part II instrument 12 / Part III instrument 3: generation length dynamics", label="stat"),
+                   "Part II instrument 12 / Part III instrument 3: generation length dynamics", label="stat",
+                   unit="tokens"),
         Instrument("completion_truncated", "Fraction of completions cut at the maximum length.",
                    "Part III instrument 3: completion length dynamics (truncation)", unit="ratio"),
         Instrument("dpo_reward", "DPO implicit reward, by kind (chosen, rejected, margin).",
@@ -73,9 +74,9 @@ INSTRUMENTS: dict[str, Instrument] = {
         Instrument("token_accuracy", "Mean token accuracy on the training batch (SFT, DPO).",
                    "Part I fundamentals", unit="ratio"),
         Instrument("step_time", "Wall time of one training step as the trainer measured it.",
-                   "002: GPU behaviour, step time", unit="seconds"),
+                   "practitioner's guide: GPU behaviour, step time", unit="seconds"),
         Instrument("generation_time", "Wall time of the step's generation (rollout) phase as the trainer "
-                   "measured it.", "002: GPU behaviour, generation phase", unit="seconds"),
+                   "measured it.", "practitioner's guide: GPU behaviour, generation phase", unit="seconds"),
     ]
 }
 
@@ -158,7 +159,7 @@ KEY_RULES: list[KeyRule] = [
     KeyRule("completions/max_terminated_length", "completion_length", "max_terminated",
             frameworks="TRL GRPO, RLOO"),
     KeyRule("completions/length_std", "completion_length", "std",
-            frameworks="the seeds' callback key (within-group std); TRL 1.16 does not log it"),
+            frameworks="a custom logging callback (within-group std); TRL 1.16 does not log it"),
     KeyRule("completion_length", "completion_length", "mean", frameworks="TRL GRPO (older name)", priority=1),
     KeyRule("response_length/mean", "completion_length", "mean", frameworks="verl", priority=2),
     KeyRule("response_length/min", "completion_length", "min", frameworks="verl", priority=2),
