@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
@@ -11,7 +12,9 @@ import signal
 import sys
 import threading
 from collections import defaultdict
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.process_collector import ProcessCollector
@@ -47,11 +50,137 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line that says what to fix, not the whole usage
         raise UsageError(f"{message} (see {self.prog} --help)")
 
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        ns, extras = super().parse_known_args(args, namespace)
+        from_env = list(getattr(ns, "from_env", []))  # said beside a later error: the user may not know it is set
+        for dest, value in list(vars(ns).items()):  # a flag not given on the command line takes its variable
+            if isinstance(value, _EnvDefault):
+                if not value:
+                    from_env.append(value.var)
+                setattr(ns, dest, value.resolve())
+        ns.from_env = from_env
+        return ns, extras
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Prometheus exporter for LLM post-training runs (TRL, verl, OpenRLHF).")
+
+# --- environment variables -------------------------------------------------------------------------------------
+# Every flag has one: POSTTRAIN_ and its long name upper-cased, '.' and '-' as '_' (--web.listen-address:
+# POSTTRAIN_WEB_LISTEN_ADDRESS). A flag given on the command line wins; an empty variable counts as unset.
+ENV_PREFIX = "POSTTRAIN_"
+# the one flag name with two meanings: report's --format is its output, the others' the line format
+_ENV_OVERRIDES = {("report", "--format"): "POSTTRAIN_REPORT_FORMAT"}
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+ENV_LIST_SEPARATOR = ","  # POSTTRAIN_LOG=/logs/train.log,/logs/trainer_state.json (a path with a comma: --log)
+
+
+def env_name(command: str | None, option: str) -> str:
+    return _ENV_OVERRIDES.get((command or "", option)) or ENV_PREFIX + re.sub(r"[.-]", "_", option[2:]).upper()
+
+
+class _EnvDefault(list):
+    """The default of a flag whose variable is set, resolved after parsing (so the command line beats it). A list,
+    so that argparse's `append` can copy it: a non-empty one means the flag was given."""
+
+    def __init__(self, var: str, raw: str, action: argparse.Action) -> None:
+        super().__init__()
+        self.var, self.raw, self.action = var, raw, action
+
+    def resolve(self) -> Any:
+        if self:  # --log given: argparse appended to a copy of this default
+            return list(self)
+        action, raw = self.action, self.raw.strip()
+        if action.nargs == 0:  # --no-gpu, --once: a boolean
+            if raw.lower() in _TRUE:
+                return action.const
+            if raw.lower() in _FALSE:
+                return not action.const
+            self._fail("not a boolean: give true or false")
+        if isinstance(action, argparse._AppendAction):
+            return [self._convert(item.strip()) for item in raw.split(ENV_LIST_SEPARATOR) if item.strip()]
+        return self._convert(raw)
+
+    def _convert(self, raw: str) -> Any:
+        try:
+            value = (self.action.type or str)(raw)
+        except argparse.ArgumentTypeError as e:
+            self._fail(str(e))
+        except (TypeError, ValueError):
+            self._fail(f"not a valid value for {self.action.option_strings[0]}")
+        if self.action.choices is not None and value not in self.action.choices:
+            self._fail(f"choose from {', '.join(map(str, self.action.choices))}")
+        return value
+
+    def _fail(self, why: str):
+        raise UsageError(f"environment variable {self.var}={self.raw!r}: {why} (fix or unset it; a flag on the "
+                         "command line takes precedence)")
+
+
+def _bind_env(parser: argparse.ArgumentParser, command: str | None, environ: os._Environ | dict[str, str]) -> None:
+    """Names each flag's variable in its help, and makes a set variable the flag's default."""
+    for action in parser._actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if not longs or action.dest in ("help", "version"):
+            continue
+        var = env_name(command, longs[0])
+        action.help = f"{action.help + ' ' if action.help else ''}[env {var}]"
+        if action.default is not argparse.SUPPRESS and environ.get(var, "").strip():
+            action.default = _EnvDefault(var, environ[var], action)
+
+
+# --- the exporter's own log --------------------------------------------------------------------------------------
+LOG_LEVELS = ("debug", "info", "warn", "warning", "error")  # warn as Prometheus' exporters spell it
+LOG_FORMATS = ("logfmt", "json")
+_LEVEL_NAMES = {"DEBUG": "debug", "INFO": "info", "WARNING": "warn", "ERROR": "error", "CRITICAL": "error"}
+_LOGFMT_PLAIN = re.compile(r"^[^\s=\"\\]+$")
+
+
+def _log_fields(record: logging.LogRecord, formatter: logging.Formatter) -> dict[str, str]:
+    ts = datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    fields = {"ts": ts, "level": _LEVEL_NAMES.get(record.levelname, record.levelname.lower()),
+              "logger": record.name, "caller": f"{record.filename}:{record.lineno}", "msg": record.getMessage()}
+    if record.exc_info:
+        fields["err"] = formatter.formatException(record.exc_info)
+    return fields
+
+
+class LogfmtFormatter(logging.Formatter):
+    """`ts=2026-01-02T03:04:05.678Z level=info logger=posttrain-exporter caller=cli.py:12 msg="..."`, as the
+    exporters built on Prometheus' go-kit/slog log."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return " ".join(f"{k}={v if _LOGFMT_PLAIN.match(v) else json.dumps(v, ensure_ascii=False)}"
+                        for k, v in _log_fields(record, self).items())
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line, the same fields as logfmt (for log pipelines that parse JSON)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(_log_fields(record, self), ensure_ascii=False)
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler()  # standard error: standard output may carry the trainer's output (run)
+    handler.setFormatter(JsonLogFormatter() if fmt == "json" else LogfmtFormatter())
+    logging.basicConfig(level="WARNING" if level == "warn" else level.upper(), handlers=[handler], force=True)
+
+
+def _log_options(p: argparse.ArgumentParser, *, top: bool) -> None:
+    """On the top parser with defaults; on each command again without (argparse.SUPPRESS), so that given after
+    the command they still apply and, not given there, leave what was given before it."""
+    p.add_argument("--log.level", "--log-level", dest="log_level", choices=LOG_LEVELS,
+                   default="info" if top else argparse.SUPPRESS, help="the exporter's own log: debug, info (default), "
+                   "warn or error")
+    p.add_argument("--log.format", dest="log_format", choices=LOG_FORMATS,
+                   default="logfmt" if top else argparse.SUPPRESS, help="logfmt (default) or json")
+
+
+def build_parser(environ: os._Environ | dict[str, str] | None = None) -> argparse.ArgumentParser:
+    """`environ` (default os.environ) gives the POSTTRAIN_* variables."""
+    p = _Parser(prog=PROG, description="Prometheus exporter for LLM post-training runs (TRL, verl, OpenRLHF). "
+                "Every flag can also be set by its POSTTRAIN_* environment variable (shown in each command's --help); "
+                "a flag given on the command line wins.", allow_abbrev=False)  # else `serve --log` is taken for --log.*
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _log_options(p, top=True)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     formats = sorted(["auto", *BUILTIN_FORMATS, *FILE_FORMATS])
 
@@ -90,16 +219,31 @@ def build_parser() -> argparse.ArgumentParser:
     _web_options(m, DEFAULT_LISTEN)
     m.add_argument("--steps-per-second", type=float, default=5.0, help="replay pace (default 5)")
     m.add_argument("--once", action="store_true", help="stop serving new records after one pass")
+
+    environ = os.environ if environ is None else environ
+    _bind_env(p, None, environ)
+    for name, command in sub.choices.items():
+        _log_options(command, top=False)
+        _bind_env(command, name, environ)
     return p
 
 
 def _web_options(p: argparse.ArgumentParser, default: str | None) -> None:
     shown = default or DEFAULT_LISTEN
     p.add_argument("--web.listen-address", "--listen-address", dest="listen_address", default=default,
-                   metavar="HOST:PORT", help=f"address to serve on (default {shown}; IPv6 as [::1]:9847, [::]:9847 "
-                   "for both families)")
+                   type=_listen_arg, metavar="HOST:PORT", help=f"address to serve on (default {shown}; IPv6 as "
+                   "[::1]:9847, [::]:9847 for both families)")
     p.add_argument("--web.config.file", dest="web_config_file", metavar="PATH",
                    help="TLS and basic auth, in the Prometheus exporter-toolkit format (as node_exporter)")
+
+
+def _listen_arg(text: str) -> str:
+    """Checked while parsing, so that a bad POSTTRAIN_WEB_LISTEN_ADDRESS is named as such."""
+    try:
+        _parse_listen(text, "")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix(": ")) from None
+    return text
 
 
 def _serve_options(p: argparse.ArgumentParser, formats: list[str]) -> None:
@@ -376,15 +520,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return _serve(exporter, args.listen_address, loop, _gpu_sampler(cfg, False), web)
 
 
+def _env_note(args: argparse.Namespace | None) -> str:
+    used = getattr(args, "from_env", None)
+    return f" (set from the environment: {', '.join(used)})" if used else ""
+
+
 def main(argv: list[str] | None = None) -> int:
+    args = None
     try:
         args = build_parser().parse_args(argv)
-        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        setup_logging(args.log_level, args.log_format)
         commands = {"serve": cmd_serve, "run": cmd_run, "dump": cmd_dump, "report": cmd_report, "demo": cmd_demo}
         return commands[args.command](args)
     except UsageError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(f"{PROG}: error: {e}{_env_note(args)}", file=sys.stderr)
         return 2
     except ConfigError as e:
-        print(f"{PROG}: config error: {e}", file=sys.stderr)
+        print(f"{PROG}: config error: {e}{_env_note(args)}", file=sys.stderr)
         return 2

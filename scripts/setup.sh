@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Prepares a fresh machine: the Debian packages the end-to-end tests and benchmark use
-# (prometheus + promtool, alertmanager, mtail, chromium) and a virtual environment with the exporter and the
-# `trl-test` extra (TRL on CPU, for the callback's tests).
+# Prepares a machine for the test suite: the Debian packages the end-to-end tests use (prometheus + promtool,
+# alertmanager + amtool, openssl, chromium) and a virtual environment with the exporter and its `test` and
+# `trl-test` extras (TRL on CPU, for the callback's tests). `scripts/setup.sh --bench` adds mtail, the ingest
+# benchmark's baseline. Running the exporter needs none of this: `pip install .` into a venv is enough.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
-command -v mtail >/dev/null || missing+=(mtail)
+if [ "${1:-}" = "--bench" ]; then
+  command -v mtail >/dev/null || missing+=(mtail)
+fi
 command -v openssl >/dev/null || missing+=(openssl)  # tests/test_web.py makes its TLS certificates with it
 command -v chromium >/dev/null || missing+=(chromium)  # the report's HTML page, tested in a real browser
 if [ ${#missing[@]} -gt 0 ]; then

@@ -235,7 +235,7 @@ class ExporterCollector(Collector):
             read_errors.add_metric(lv, inp.follow.read_errors)
             read_bytes.add_metric(lv, inp.follow.bytes_read)
         info = GaugeMetricFamily(p + "build_info", "Version of the exporter, value 1.",
-                                 labels=["version", "python_version"])
+                                 labels=["version", "python"])  # as Prometheus' {version, goversion}
         info.add_metric([__version__, platform.python_version()], 1.0)
         yield from (lines, errors, records, last, dropped, lines_dropped, skipped, disagreements, resets, stops)
         yield from (up, rotations, truncations, resumed, read_errors, read_bytes, info)
