@@ -10,7 +10,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY exporter ./exporter
-RUN pip install . && rm -rf /src
+# the kubernetes extra: `--log k8s://...` follows the trainer container's log through the API (no `| tee`)
+RUN pip install '.[kubernetes]' && rm -rf /src
 
 # A fixed numeric user, so that Kubernetes' runAsNonRoot can check it (the chart sets runAsUser 10001 too).
 RUN groupadd --system --gid 10001 exporter \

@@ -18,6 +18,7 @@ from exporter.pipeline import ConsoleStream, IngestStats, warn_once
 from exporter.report.live import verdict_document
 from exporter.sources.detect import TENSORBOARD, TRAINER_STATE, input_kind
 from exporter.sources.files import FileFollower, FollowStats
+from exporter.sources.kubernetes import KubernetesLogReader, KubernetesSourceError, is_kubernetes_path
 from exporter.sources.stdin import StdinReader
 from exporter.sources.tensorboard import FMT as TB_FORMAT
 from exporter.sources.tensorboard import TensorBoardReader
@@ -230,6 +231,8 @@ class Exporter:
 
     def _reader(self, spec: LogSpec) -> Input | None:
         """The input reading `spec` as what its path holds, or None while that cannot be told."""
+        if is_kubernetes_path(spec.path):  # a container's log through the Kubernetes API: a console stream
+            return self._kubernetes(spec)
         kind = input_kind(spec.path, spec.format)
         if kind is None:
             return None
@@ -240,6 +243,17 @@ class Exporter:
             return TensorBoardInput(spec, run, stats)
         stream = ConsoleStream(run, stats, LineParserChain(spec.format, self.cfg.formats), self.cfg.max_line_length)
         return ReaderInput(spec, stream) if spec.path == "-" else FileInput(spec, stream)
+
+    def _kubernetes(self, spec: LogSpec) -> Input:
+        """k8s://: bad paths, a missing POD_NAMESPACE/POD_NAME, package or credentials stop the start here."""
+        if spec.format in (TRAINER_STATE, TENSORBOARD):
+            raise KubernetesSourceError(f"{spec.path}: a container's log is console text, not {spec.format}")
+        reader = KubernetesLogReader.from_path(spec.path)
+        stream = ConsoleStream(self.run_state(spec.run), self.stats[spec.run],
+                               LineParserChain(spec.format, self.cfg.formats), self.cfg.max_line_length)
+        inp = ReaderInput(spec, stream, reader=reader)
+        inp.follow = reader.stats  # up, reconnects (resumed) and read_errors, as files count theirs
+        return inp
 
     def poll_once(self) -> bool:
         """One slice of every input, each under the lock on its own (scrapes get in between)."""
