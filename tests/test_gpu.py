@@ -112,7 +112,7 @@ def test_several_gpus_every_field_in_prometheus_units() -> None:
     snap = s.poll_once()
     assert snap.nvml_up and snap.visible_devices == 4 and [g.index for g in snap.gpus] == [0, 1, 2, 3]
     text = scrape(s)
-    a100 = {"gpu": "2", "uuid": gpus[2].uuid, "model": "NVIDIA A100-SXM4-40GB"}
+    a100 = {"gpu": "2", "UUID": gpus[2].uuid, "model_name": "NVIDIA A100-SXM4-40GB"}
     assert value(text, "posttrain_gpu_nvml_up") == 1
     assert value(text, "posttrain_gpu_visible_devices") == 4
     assert value(text, "posttrain_gpu_up", **a100) == 1
@@ -137,6 +137,9 @@ def test_several_gpus_every_field_in_prometheus_units() -> None:
     assert value(text, "posttrain_gpu_row_remap_pending", **a100) == 1
     assert value(text, "posttrain_gpu_row_remap_failure", **a100) == 0
     assert value(text, "posttrain_gpu_power_watts", gpu="0") == pytest.approx(350.5)
+    # dcgm-exporter's label names for the join keys (gpu, UUID): the two exporters' series join on(UUID)
+    assert {frozenset(k for k, _ in lbls) for n, lbls in samples(text) if n == "posttrain_gpu_power_watts"} \
+        == {frozenset({"gpu", "UUID", "model_name"})}
     assert gpus_of(text, "posttrain_gpu_utilization_ratio") == {"0", "1", "2", "3"}
     assert value(text, "posttrain_gpu_nvml_errors_total") is None  # nothing failed
     fake.advance(10)
@@ -274,7 +277,7 @@ def test_a_gpu_lost_mid_run_drops_its_series_and_keeps_the_others(caplog) -> Non
         snap = s.poll_once()
         assert snap.nvml_up and [g.up for g in snap.gpus] == [True, False, True]
     text = scrape(s)
-    assert value(text, "posttrain_gpu_up", gpu="1", uuid=gpus[1].uuid) == 0
+    assert value(text, "posttrain_gpu_up", gpu="1", UUID=gpus[1].uuid) == 0
     for name in ("posttrain_gpu_utilization_ratio", "posttrain_gpu_power_watts", "posttrain_gpu_phase",
                  "posttrain_gpu_throttle_reason", "posttrain_gpu_energy_joules_total"):
         assert gpus_of(text, name) == {"0", "2"}, name
@@ -494,7 +497,7 @@ def test_cuda_visible_devices_uuids_and_prefixes() -> None:
     s.poll_once()
     text = scrape(s)
     assert gpus_of(text, "posttrain_gpu_up") == {"1", "3"}
-    assert value(text, "posttrain_gpu_up", gpu="3", uuid=gpus[3].uuid) == 1
+    assert value(text, "posttrain_gpu_up", gpu="3", UUID=gpus[3].uuid) == 1
 
 
 def test_unmatched_entries_are_logged_once(caplog) -> None:
@@ -611,8 +614,8 @@ def test_phases_through_the_sampler() -> None:
             if i % 97 == 0:  # and as exported: a state set, 1 for the current phase
                 sm = samples(scrape(s))
                 for phase in ("generation", "training", "idle"):
-                    key = ("posttrain_gpu_phase", frozenset({"gpu": "0", "uuid": gpus[0].uuid,
-                                                             "model": gpus[0].name, "phase": phase}.items()))
+                    key = ("posttrain_gpu_phase", frozenset({"gpu": "0", "UUID": gpus[0].uuid,
+                                                             "model_name": gpus[0].name, "phase": phase}.items()))
                     assert sm[key] == (phase == truth[i]), i
         fake.advance()
     assert checked > 800

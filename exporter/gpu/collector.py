@@ -14,7 +14,10 @@ from prometheus_client.registry import Collector
 from exporter.gpu.phase import PHASES
 from exporter.gpu.sampler import GpuSnapshot
 
-GPU_LABELS = ["gpu", "uuid", "model"]
+# The identity dcgm-exporter gives every GPU, with its label names for the join keys: `gpu` (NVML's index) and `UUID`,
+# so that posttrain_gpu_* and DCGM_FI_* series join on(UUID) (or on(gpu, UUID)) without relabeling. DCGM's
+# `modelName` is `model_name` here: a camelCase label name fails `promtool check metrics` (exit 3).
+GPU_LABELS = ["gpu", "UUID", "model_name"]
 
 # (GpuReading attribute, family name, type, help) for the one-value-per-GPU families.
 SIMPLE: tuple[tuple[str, str, str, str], ...] = (
