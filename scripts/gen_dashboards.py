@@ -20,7 +20,11 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "grafana"
 SCHEMA_VERSION = 39
 DS = {"type": "prometheus", "uid": "${datasource}"}
-RUN = 'run=~"$run"'
+# A run is keyed by (cluster, namespace, run): two teams may both name a run "grpo". Series without a cluster or
+# namespace label (one Prometheus, no Kubernetes) group under an empty value, and the variables' "All" is `.*`,
+# which matches an absent label too.
+KEY = "cluster, namespace, run"
+RUN = 'cluster=~"$cluster", namespace=~"$namespace", run=~"$run"'
 
 # Queries that may legitimately return nothing on the fixtures: (dashboard uid, panel title, refId) -> why.
 # Every other query must return data in tests/test_dashboards.py, and every panel must return some data.
@@ -41,7 +45,7 @@ REGIMES = [
     ("declining", "declining (reward lost, no drift)", "orange"),
     ("destructive", "destructive: stop immediately", "red"),
 ]
-REGIME_EXPR = "sum by (run) (\n  " + "\n  or ".join(
+REGIME_EXPR = f"sum by ({KEY}) (\n  " + "\n  or ".join(
     f'posttrain_regime{{{RUN}, regime="{name}"}} * {i}' for i, (name, _, _) in enumerate(REGIMES)) + "\n)"
 REGIME_MAPPINGS = [{"type": "value", "options": {
     str(i): {"text": text, "color": color, "index": i} for i, (_, text, color) in enumerate(REGIMES)}}]
@@ -49,13 +53,22 @@ REGIME_MAPPINGS = [{"type": "value", "options": {
 GPU_PHASES = [("idle", "idle", "text"), ("generation", "generation", "purple"), ("training", "training", "green")]
 
 
+# The run of each exporter: every exporter of a run carries posttrain_run_finished{run} from its start, whether
+# its log holds training records (rank 0 of a multi-node run) or not (the other ranks, which serve their pod's GPUs
+# only). One run per exporter (an exporter reading several logs is labelled with one of them).
+RUN_OF_EXPORTER = ("topk by (cluster, namespace, instance) (1,\n"
+                   f"  group by (cluster, namespace, instance, run) (posttrain_run_finished{{{RUN}}})\n)")
+GPU_KEY = f"{KEY}, instance, gpu"
+
+
 def _gpu(metric: str, extra: str = "") -> str:
-    """A GPU family (no run label) narrowed to the exporters that serve the selected runs."""
+    """A GPU family (no run label of its own) given the run of its exporter: the GPUs of every exporter serving a
+    selected run, on every pod of the run (not only the pod whose log has the training records)."""
     sel = f"{{{extra}}}" if extra else ""
-    return f"{metric}{sel} and on (instance) posttrain_step{{{RUN}}}"
+    return f"{metric}{sel}\n* on (cluster, namespace, instance) group_left (run)\n{RUN_OF_EXPORTER}"
 
 
-GPU_PHASE_EXPR = "sum by (instance, gpu) (\n  " + "\n  or ".join(
+GPU_PHASE_EXPR = f"sum by ({GPU_KEY}) (\n  " + "\n  or ".join(
     f'({_gpu("posttrain_gpu_phase", f"phase={chr(34)}{name}{chr(34)}")}) * {i}'
     for i, (name, _, _) in enumerate(GPU_PHASES)) + "\n)"
 GPU_PHASE_MAPPINGS = [{"type": "value", "options": {
@@ -71,7 +84,7 @@ def t(expr: str, legend: str = "{{run}}") -> dict:
 
 def thr(instrument: str) -> dict:
     """The run's thresholds for one instrument, as dashed lines (the seeds' values unless the run overrides)."""
-    return t(f'max by (run, level) (posttrain_threshold{{instrument="{instrument}", {RUN}}})',
+    return t(f'max by ({KEY}, level) (posttrain_threshold{{instrument="{instrument}", {RUN}}})',
              "{{run}} threshold {{level}}")
 
 
@@ -79,19 +92,19 @@ def limit(*detectors: str) -> dict:
     """The limit a detector judges against, in the instrument's units (a threshold, or a multiple of the run's
     baseline), drawn like a threshold."""
     names = "|".join(detectors)
-    return t(f'max by (run, detector) (posttrain_detector_limit{{detector=~"{names}", {RUN}}})',
+    return t(f'max by ({KEY}, detector) (posttrain_detector_limit{{detector=~"{names}", {RUN}}})',
              "{{run}} threshold {{detector}}")
 
 
 def baseline(instrument: str, sub: str = "") -> dict:
     """The run's own start for an instrument (the median of its first logged points)."""
     sel = f'instrument="{instrument}"' + (f", {sub}" if sub else "")
-    return t(f"max by (run) (posttrain_baseline{{{sel}, {RUN}}})", "{{run}} baseline")
+    return t(f"max by ({KEY}) (posttrain_baseline{{{sel}, {RUN}}})", "{{run}} baseline")
 
 
 def spikes(detector: str, what: str) -> dict:
     """Single-step excursions beyond a detector's limit (counted, never alerted on), per scrape."""
-    return t(f'sum by (run) (increase(posttrain_detector_spikes_total{{detector="{detector}", {RUN}}}'
+    return t(f'sum by ({KEY}) (increase(posttrain_detector_spikes_total{{detector="{detector}", {RUN}}}'
              f"[$__rate_interval]))", f"{{{{run}}}} {what} spikes")
 
 
@@ -182,7 +195,7 @@ FLAG = [(None, "green"), (1, "orange")]
 # for two tables per run at the same evaluation times: the instrument's value (refId A) and the step at which that
 # value was logged (refId B, posttrain_instrument_last_step: for instruments logged on some steps only, such as
 # GRPO's rewards with num_iterations > 1, posttrain_step would pair a value with a later step). Each query keeps
-# only the times where the other exists (`and on (run)`), so every row has both. Then, in Grafana:
+# only the times where the other exists (`and on (cluster, namespace, run)`), so every row has both. Then, in Grafana:
 #   merge             one table Time | run | Value #A | Value #B (rows with the same Time and run are joined)
 #   groupingToMatrix  one row per step (Value #B), one column per run (its Value #A), null where a run has no value
 #   organize          the step column ("Value #B\run") renamed "step"
@@ -207,10 +220,10 @@ STEP_TRANSFORMATIONS = [
 def step_queries(metric: str, instrument: str, sub: str = "") -> list[dict]:
     """The instrument's value per run (A) and the step it was logged at (B), each kept where the other exists."""
     sel = ", ".join(part for part in (sub, RUN) if part)
-    value = f"max by (run) ({metric}{{{sel}}})"
-    step = f'max by (run) (posttrain_instrument_last_step{{instrument="{instrument}", {sel}}})'
-    return [{**t(f"{value}\nand on (run) {step}"), "format": "table"},
-            {**t(f"{step}\nand on (run) {value}", "{{run}} step"), "format": "table"}]
+    value = f"max by ({KEY}) ({metric}{{{sel}}})"
+    step = f'max by ({KEY}) (posttrain_instrument_last_step{{instrument="{instrument}", {sel}}})'
+    return [{**t(f"{value}\nand on ({KEY}) {step}"), "format": "table"},
+            {**t(f"{step}\nand on ({KEY}) {value}", "{{run}} step"), "format": "table"}]
 
 
 def by_step(title: str, description: str, metric: str, instrument: str, sub: str = "", unit: str = "short",
@@ -251,15 +264,15 @@ def step_row(panels: list[dict]) -> dict:
 def step_stats(w: int = 4) -> list[dict]:
     return [
         stat("Step", "Last training step logged; a run that stops advancing has stalled.",
-             [t(f"max by (run) (posttrain_step{{{RUN}}})")], decimals=0, w=w),
+             [t(f"max by ({KEY}) (posttrain_step{{{RUN}}})")], decimals=0, w=w),
         stat("Best step (reward peak)",
              "Step of the highest smoothed reward so far: the checkpoint to keep. Far behind the current step "
              "means the model was better earlier (002: peak followed by decline).",
-             [t(f"max by (run) (posttrain_reward_peak_step{{{RUN}}})")], decimals=0, w=w),
+             [t(f"max by ({KEY}) (posttrain_reward_peak_step{{{RUN}}})")], decimals=0, w=w),
         stat("Reward drawdown from peak",
              "Peak smoothed reward minus the current one. Zero while improving; above zero for long means "
              "continuing training is actively harmful (002).",
-             [t(f"max by (run) (posttrain_reward_drawdown{{{RUN}}})")], decimals=3,
+             [t(f"max by ({KEY}) (posttrain_reward_drawdown{{{RUN}}})")], decimals=3,
              steps=[(None, "green"), (0.05, "orange")], w=w),
     ]
 
@@ -269,7 +282,7 @@ def detectors_panel(w: int = 24, h: int = 6) -> dict:
         "Detectors",
         "Each judgment of the exporter for the run, as the alerts read it: active (orange) once its condition has "
         "held for its required logged steps. A detector that never saw its inputs is absent.",
-        [t(f"max by (run, detector) (posttrain_detector_active{{{RUN}}})", "{{run}} {{detector}}")],
+        [t(f"max by ({KEY}, detector) (posttrain_detector_active{{{RUN}}})", "{{run}} {{detector}}")],
         mappings=[{"type": "value", "options": {"0": {"text": "quiet", "color": "green", "index": 0},
                                                 "1": {"text": "active", "color": "orange", "index": 1}}}],
         steps=FLAG, w=w, h=h)
@@ -299,7 +312,7 @@ ANNOTATIONS = {"list": [
     {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
      "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"},
     {"datasource": DS, "enable": True, "iconColor": "red", "name": "Firing alerts",
-     "expr": 'ALERTS{alertstate="firing", run=~"$run"}', "step": "60s", "useValueForTime": False,
+     "expr": f'ALERTS{{alertstate="firing", {RUN}}}', "step": "60s", "useValueForTime": False,
      "titleFormat": "{{alertname}}", "textFormat": "{{run}} ({{severity}})", "tagKeys": "alertname,severity,run"},
 ]}
 
@@ -308,13 +321,19 @@ def templating() -> dict:
     return {"list": [
         {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus",
          "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": []},
-        {"name": "run", "label": "Run", "type": "query", "datasource": DS,
-         "definition": "label_values(posttrain_step, run)",
-         "query": {"query": "label_values(posttrain_step, run)", "refId": "PrometheusVariableQueryEditor-VariableQuery",
-                   "qryType": 1},
-         "multi": True, "includeAll": True, "current": {}, "hide": 0, "refresh": 2, "sort": 1, "regex": "",
-         "options": []},
+        _variable("cluster", "Cluster", "label_values(posttrain_step, cluster)"),
+        _variable("namespace", "Namespace", 'label_values(posttrain_step{cluster=~"$cluster"}, namespace)'),
+        _variable("run", "Run", 'label_values(posttrain_step{cluster=~"$cluster", namespace=~"$namespace"}, run)'),
     ]}
+
+
+def _variable(name: str, label: str, query: str) -> dict:
+    """A multi-value query variable whose "All" is `.*`: it also matches series without the label (a Prometheus
+    outside Kubernetes has no namespace, one without external labels no cluster)."""
+    return {"name": name, "label": label, "type": "query", "datasource": DS, "definition": query,
+            "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery", "qryType": 1},
+            "multi": True, "includeAll": True, "allValue": ".*", "current": {}, "hide": 0, "refresh": 2, "sort": 1,
+            "regex": "", "options": []}
 
 
 def _layout(items: list[dict]) -> list[dict]:
@@ -378,7 +397,7 @@ def grpo() -> dict:
             state("Dead reward components",
                   "1 (orange) when a reward component's within-group std is below 0.01: it no longer gives "
                   "learning signal, dead weight in the composite reward (Part III instrument 2).",
-                  [t(f"max by (run, component) (posttrain_reward_component_dead{{{RUN}}})", "{{run}} {{component}}")],
+                  [t(f"max by ({KEY}, component) (posttrain_reward_component_dead{{{RUN}}})", "{{run}} {{component}}")],
                   mappings=[{"type": "value", "options": {"0": {"text": "alive", "color": "green", "index": 0},
                                                           "1": {"text": "dead", "color": "orange", "index": 1}}}],
                   steps=FLAG, w=24, h=6),
@@ -408,7 +427,7 @@ def grpo() -> dict:
                        "0.5 warns, held above 1.0 pages. Single-step spikes beyond 1.0 (bars, right) are counted "
                        "and drawn, never alerted on: per-step KL estimates are noisy.",
                        [t(f"posttrain_kl{{{RUN}}}", "{{run}} kl"),
-                        t(f'max by (run) (posttrain_window_max{{instrument="kl", {RUN}}})', "{{run}} window max"),
+                        t(f'max by ({KEY}) (posttrain_window_max{{instrument="kl", {RUN}}})', "{{run}} window max"),
                         thr("kl"), spikes("kl_critical", "KL > critical")],
                        overrides=[right(".*spikes.*"), _override(".*spikes.*", ("custom.drawStyle", "bars"))]),
         ]),
@@ -516,7 +535,7 @@ def ppo() -> dict:
                        "KL to the reference: above 0.5 is a warning, above 1.0 a stop sign. The window max keeps a "
                        "spike between scrapes visible.",
                        [t(f"posttrain_kl{{{RUN}}}", "{{run}} kl"),
-                        t(f'max by (run) (posttrain_window_max{{instrument="kl", {RUN}}})', "{{run}} window max"),
+                        t(f'max by ({KEY}) (posttrain_window_max{{instrument="kl", {RUN}}})', "{{run}} window max"),
                         thr("kl")]),
         ]),
         row("Policy ratio and clip fraction", [
@@ -567,16 +586,16 @@ def dpo() -> dict:
     return dashboard("posttrain-dpo", "Post-training: DPO",
                      "DPO reward dynamics (seed 000 instrument 9) and the fundamentals.", [
         row("Run state", [
-            stat("Step", "Last training step logged.", [t(f"max by (run) (posttrain_step{{{RUN}}})")],
+            stat("Step", "Last training step logged.", [t(f"max by ({KEY}) (posttrain_step{{{RUN}}})")],
                  decimals=0, w=6),
             stat("Preference accuracy", "Share of pairs where the chosen response wins. Healthy: climbs well "
                  "above 0.5; stuck at 0.5 is no preference learned, 1.0 early can mean the pairs are too easy.",
-                 [t(f"max by (run) (posttrain_dpo_accuracy_ratio{{{RUN}}})")], unit="percentunit",
+                 [t(f"max by ({KEY}) (posttrain_dpo_accuracy_ratio{{{RUN}}})")], unit="percentunit",
                  steps=[(None, "orange"), (0.6, "green")], w=6),
             state("Margin converging",
                   "1 (orange) while the margin trends down: chosen and rejected rewards converge, the model is "
                   "losing the preference.",
-                  [t(f"max by (run) (posttrain_dpo_margin_converging{{{RUN}}})")],
+                  [t(f"max by ({KEY}) (posttrain_dpo_margin_converging{{{RUN}}})")],
                   mappings=[{"type": "value", "options": {"0": {"text": "ok", "color": "green", "index": 0},
                                                           "1": {"text": "converging", "color": "orange",
                                                                 "index": 1}}}],
@@ -630,13 +649,13 @@ def sft() -> dict:
     return dashboard("posttrain-sft", "Post-training: SFT",
                      "Supervised fine-tuning fundamentals: loss, gradients, learning rate, accuracy, entropy.", [
         row("Run state", [
-            stat("Step", "Last training step logged.", [t(f"max by (run) (posttrain_step{{{RUN}}})")],
+            stat("Step", "Last training step logged.", [t(f"max by ({KEY}) (posttrain_step{{{RUN}}})")],
                  decimals=0, w=8),
-            stat("Epoch", "Training epoch (fractional).", [t(f"max by (run) (posttrain_epoch{{{RUN}}})")],
+            stat("Epoch", "Training epoch (fractional).", [t(f"max by ({KEY}) (posttrain_epoch{{{RUN}}})")],
                  decimals=2, w=8),
             stat("Loss trend", "Least-squares slope of the loss per step over the window: negative while "
                  "learning, ~0 once converged, positive is divergence.",
-                 [t(f'max by (run) (posttrain_trend{{instrument="loss", {RUN}}})')], decimals=5,
+                 [t(f'max by ({KEY}) (posttrain_trend{{instrument="loss", {RUN}}})')], decimals=5,
                  steps=[(None, "green"), (0, "orange")], w=8),
             detectors_panel(h=4),
         ]),
@@ -668,45 +687,46 @@ def sft() -> dict:
 
 def gpu() -> dict:
     return dashboard("posttrain-gpu", "Post-training: GPU",
-                     "NVML sampling of the training pod's GPUs (docs/gpu.md), for the exporters serving $run.", [
+                     "NVML sampling of the training pods' GPUs (docs/gpu.md): every pod of the selected runs, every "
+                     "rank of a multi-node run (each pod's exporter serves its own GPUs).", [
         row("Sampler", [
             stat("NVML up", "1 when NVML is initialized and the last poll read the GPUs; 0 without a GPU, a "
                  "driver or NVML (training metrics are unaffected).",
-                 [t(_gpu("posttrain_gpu_nvml_up"), "{{instance}}")], decimals=0,
+                 [t(_gpu("posttrain_gpu_nvml_up"), "{{run}} {{instance}}")], decimals=0,
                  steps=[(None, "red"), (1, "green")], w=6),
             stat("GPUs sampled", "GPUs the sampler reads (after CUDA_VISIBLE_DEVICES).",
-                 [t(_gpu("posttrain_gpu_visible_devices"), "{{instance}}")], decimals=0, w=6),
+                 [t(_gpu("posttrain_gpu_visible_devices"), "{{run}} {{instance}}")], decimals=0, w=6),
             state("Phase", "Generation (memory-bound, lower power) versus training (compute-bound), judged from "
                   "power against the GPU's own recent training level. RL should alternate; one phase for long "
                   "means a stage is starved.",
-                  [t(GPU_PHASE_EXPR, "{{instance}} gpu {{gpu}}")], mappings=GPU_PHASE_MAPPINGS, w=12, h=6),
+                  [t(GPU_PHASE_EXPR, "{{run}} {{instance}} gpu {{gpu}}")], mappings=GPU_PHASE_MAPPINGS, w=12, h=6),
         ]),
         row("Utilization and power", [
             timeseries("Utilization", "Share of time a kernel ran. Both phases read ~100%: utilization cannot "
                        "tell generation from training, power can.",
-                       [t(_gpu("posttrain_gpu_utilization_ratio"), "{{instance}} gpu {{gpu}}")],
+                       [t(_gpu("posttrain_gpu_utilization_ratio"), "{{run}} {{instance}} gpu {{gpu}}")],
                        unit="percentunit"),
             timeseries("Power and limit", "Board power against the enforced limit (dashed): training draws near "
                        "the limit, generation clearly below it.",
-                       [t(_gpu("posttrain_gpu_power_watts"), "{{instance}} gpu {{gpu}}"),
-                        t(_gpu("posttrain_gpu_power_limit_watts"), "{{instance}} gpu {{gpu}} limit")],
+                       [t(_gpu("posttrain_gpu_power_watts"), "{{run}} {{instance}} gpu {{gpu}}"),
+                        t(_gpu("posttrain_gpu_power_limit_watts"), "{{run}} {{instance}} gpu {{gpu}} limit")],
                        unit="watt", overrides=[_override(".*limit.*", ("custom.lineStyle",
                                                                        {"fill": "dash", "dash": [10, 10]}))]),
             timeseries("Memory", "Memory used against installed; colocated inference engines preallocate, so a "
                        "flat line is normal.",
-                       [t(_gpu("posttrain_gpu_memory_used_bytes"), "{{instance}} gpu {{gpu}} used"),
-                        t(_gpu("posttrain_gpu_memory_total_bytes"), "{{instance}} gpu {{gpu}} total")],
+                       [t(_gpu("posttrain_gpu_memory_used_bytes"), "{{run}} {{instance}} gpu {{gpu}} used"),
+                        t(_gpu("posttrain_gpu_memory_total_bytes"), "{{run}} {{instance}} gpu {{gpu}} total")],
                        unit="bytes"),
             timeseries("Generation time ratio",
                        "Share of time spent generating: from NVML's phase rule per GPU, and from the trainer's own "
                        "timing keys per run. RL runs often spend most of the step generating.",
-                       [t(_gpu("posttrain_gpu_generation_time_ratio"), "{{instance}} gpu {{gpu}}"),
+                       [t(_gpu("posttrain_gpu_generation_time_ratio"), "{{run}} {{instance}} gpu {{gpu}}"),
                         t(f"posttrain_generation_time_ratio{{{RUN}}}", "{{run}} trainer timing")],
                        unit="percentunit", w=12),
             timeseries("Temperature and SM clock", "Die temperature and SM clock (right): a clock that drops "
                        "while hot is thermal throttling.",
-                       [t(_gpu("posttrain_gpu_temperature_celsius"), "{{instance}} gpu {{gpu}} temperature"),
-                        t(_gpu("posttrain_gpu_sm_clock_hertz"), "{{instance}} gpu {{gpu}} sm clock")],
+                       [t(_gpu("posttrain_gpu_temperature_celsius"), "{{run}} {{instance}} gpu {{gpu}} temperature"),
+                        t(_gpu("posttrain_gpu_sm_clock_hertz"), "{{run}} {{instance}} gpu {{gpu}} sm clock")],
                        unit="celsius", overrides=[right(".*clock.*", "hertz")], w=12),
         ]),
     ], ["gpu"])

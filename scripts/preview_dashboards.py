@@ -105,11 +105,20 @@ class Stack:
 # --- the boards' queries --------------------------------------------------------------------------------------
 
 
-def substitute(expr: str, runs: list[str], rate_interval: str = "30s") -> str:
-    """Grafana's variables as Grafana would expand them: $run (multi-value) as a regex alternation."""
-    regex = "|".join(re.escape(r) for r in runs)
-    for name, value in (("run", regex), ("__rate_interval", rate_interval), ("__interval", "5s"),
-                        ("__range", "5m"), ("datasource", "prometheus")):
+def substitute(expr: str, runs: list[str], rate_interval: str = "30s", namespaces: list[str] | None = None,
+               clusters: list[str] | None = None) -> str:
+    """Grafana's variables as Grafana would expand them: $run (multi-value) as a regex alternation; $namespace and
+    $cluster likewise, or their "All" (`.*`, which matches an absent label too) when not given."""
+    def alternation(values: list[str] | None) -> str:
+        # as Grafana escapes a multi-value variable for Prometheus: regex metacharacters get a backslash, itself
+        # escaped inside the PromQL string (`a.b` -> `a\\.b`); `-` and `_` stay as they are
+        if values is None:
+            return ".*"
+        return "|".join(re.sub(r"([\\^$.|?*+()\[\]{}])", r"\\\\\1", v) for v in values)
+
+    for name, value in (("run", alternation(runs)), ("namespace", alternation(namespaces)),
+                        ("cluster", alternation(clusters)), ("__rate_interval", rate_interval),
+                        ("__interval", "5s"), ("__range", "5m"), ("datasource", "prometheus")):
         expr = expr.replace("${" + name + "}", value)
         expr = re.sub(r"\$" + name + r"\b", lambda _m, v=value: v, expr)
     return expr

@@ -91,12 +91,18 @@ def test_board_structure(name: str) -> None:
     assert board["uid"] == f"posttrain-{name}" and board["title"]
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
-    run = variables["run"]
-    assert run["type"] == "query" and run["multi"] is True
-    assert run["query"]["query"] == "label_values(posttrain_step, run)"
-    assert run["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+    assert [v["name"] for v in board["templating"]["list"]] == ["datasource", "cluster", "namespace", "run"]
+    for var, query in (("cluster", "label_values(posttrain_step, cluster)"),
+                       ("namespace", 'label_values(posttrain_step{cluster=~"$cluster"}, namespace)'),
+                       ("run", 'label_values(posttrain_step{cluster=~"$cluster", namespace=~"$namespace"}, run)')):
+        v = variables[var]
+        assert v["type"] == "query" and v["multi"] is True and v["includeAll"] is True, var
+        assert v["allValue"] == ".*", f"{var}: All must match series without the label too"
+        assert v["query"]["query"] == v["definition"] == query
+        assert v["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
     alerts = [a for a in board["annotations"]["list"] if a.get("name") == "Firing alerts"]
-    assert alerts and alerts[0]["expr"] == 'ALERTS{alertstate="firing", run=~"$run"}'
+    assert alerts and alerts[0]["expr"] == \
+        'ALERTS{alertstate="firing", cluster=~"$cluster", namespace=~"$namespace", run=~"$run"}'
     assert alerts[0]["datasource"]["uid"] == "${datasource}"
 
     panels = preview.all_panels(board)
@@ -148,6 +154,23 @@ def test_every_metric_queried_is_documented() -> None:
         for expr in exprs:
             unknown = metric_names(expr) - known
             assert not unknown, f"{name}: {sorted(unknown)} not in docs/metrics.md, docs/gpu.md or rules/: {expr}"
+
+
+def test_runs_are_keyed_by_cluster_namespace_and_run() -> None:
+    """Two teams may give a run the same name: every aggregation or join that keeps `run` (or an exporter's
+    `instance`) keeps cluster and namespace too, and every query that selects runs selects namespace and cluster."""
+    for name, board in BOARDS.items():
+        exprs = [(p["title"], tg["expr"]) for p, tg in targets(board)]
+        exprs += [(a["name"], a["expr"]) for a in board["annotations"]["list"] if "expr" in a]
+        for title, expr in exprs:
+            for clause in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", expr):
+                labels = {x.strip() for x in clause.split(",")}
+                if labels & {"run", "instance"}:
+                    assert {"cluster", "namespace"} <= labels, f"{name} {title!r}: ({clause})"
+            n = expr.count('run=~"$run"')
+            assert expr.count('namespace=~"$namespace"') == expr.count('cluster=~"$cluster"') == n, \
+                f"{name} {title!r}: {expr}"
+            assert "$run" not in expr.replace('run=~"$run"', ""), f"{name} {title!r}: {expr}"
 
 
 def test_metric_name_extraction() -> None:
@@ -303,7 +326,8 @@ def test_step_row_holds_the_primary_instruments(name: str) -> None:
         assert value["format"] == step["format"] == "table" and value["range"] and step["range"]
         matrix = next(tr["options"] for tr in p["transformations"] if tr["id"] == "groupingToMatrix")
         assert (matrix["valueField"], matrix["rowField"], matrix["columnField"]) == ("Value #A", "Value #B", "run")
-        assert "\nand on (run) " in value["expr"] and "\nand on (run) " in step["expr"], \
+        assert "\nand on (cluster, namespace, run) " in value["expr"] \
+            and "\nand on (cluster, namespace, run) " in step["expr"], \
             "each query keeps only the times where the other exists, so no row lacks a step or a value"
 
 
