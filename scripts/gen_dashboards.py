@@ -30,7 +30,7 @@ RUN = 'cluster=~"$cluster", namespace=~"$namespace", run=~"$run"'
 # Every other query must return data in tests/test_dashboards.py, and every panel must return some data.
 OPTIONAL: dict[tuple[str, str, str], str] = {
     ("posttrain-grpo", "Length diversity and baseline ratio", "A"):
-        "completions/length_std is the seeds' callback key; TRL 1.16 does not log it",
+        "completions/length_std comes from a custom logging callback; TRL 1.16 does not log it",
     ("posttrain-grpo", "Clip ratios and asymmetry", "E"):
         "asymmetry is exported only while clipping (low + high) exceeds 1%",
 }
@@ -267,11 +267,11 @@ def step_stats(w: int = 4) -> list[dict]:
              [t(f"max by ({KEY}) (posttrain_step{{{RUN}}})")], decimals=0, w=w),
         stat("Best step (reward peak)",
              "Step of the highest smoothed reward so far: the checkpoint to keep. Far behind the current step "
-             "means the model was better earlier (002: peak followed by decline).",
+             "means the model was better earlier: a peak followed by decline.",
              [t(f"max by ({KEY}) (posttrain_reward_peak_step{{{RUN}}})")], decimals=0, w=w),
         stat("Reward drawdown from peak",
              "Peak smoothed reward minus the current one. Zero while improving; above zero for long means "
-             "continuing training is actively harmful (002).",
+             "continuing training is actively harmful.",
              [t(f"max by ({KEY}) (posttrain_reward_drawdown{{{RUN}}})")], decimals=3,
              steps=[(None, "green"), (0.05, "orange")], w=w),
     ]
@@ -291,7 +291,7 @@ def detectors_panel(w: int = 24, h: int = 6) -> dict:
 def regime_panel(w: int = 12) -> dict:
     return state(
         "KL-versus-reward regime",
-        "The practitioner's five regimes (002) from the trend directions of KL and reward: improving with or "
+        "Five regimes from the trend directions of KL and reward: improving with or "
         "without drift is healthy; drifting without gain means the run has run its course; KL rising while "
         "reward falls is destructive: stop immediately.",
         [t(REGIME_EXPR)], mappings=REGIME_MAPPINGS, w=w)
@@ -391,12 +391,12 @@ def dashboard(uid: str, title: str, description: str, items: list[dict], tags: l
 
 def grpo() -> dict:
     return dashboard("posttrain-grpo", "Post-training: GRPO",
-                     "GRPO instrument cluster (seed 001): reward std is primary, loss is relegated to anomalies.", [
+                     "GRPO instrument cluster: reward std is primary, loss is relegated to anomalies.", [
         row("Run state", [
             *step_stats(w=4), regime_panel(w=12),
             state("Dead reward components",
                   "1 (orange) when a reward component's within-group std is below 0.01: it no longer gives "
-                  "learning signal, dead weight in the composite reward (Part III instrument 2).",
+                  "learning signal, dead weight in the composite reward.",
                   [t(f"max by ({KEY}, component) (posttrain_reward_component_dead{{{RUN}}})", "{{run}} {{component}}")],
                   mappings=[{"type": "value", "options": {"0": {"text": "alive", "color": "green", "index": 0},
                                                           "1": {"text": "dead", "color": "orange", "index": 1}}}],
@@ -442,7 +442,7 @@ def grpo() -> dict:
                        unit="none", overrides=[_override(".*baseline.*", ("custom.lineStyle", {"fill": "dash",
                                                                                             "dash": [4, 4]}))]),
             timeseries("Length diversity and baseline ratio",
-                       "Within-group length std (the seeds' completions/length_std, when logged) and the window "
+                       "Within-group length std (completions/length_std, when logged) and the window "
                        "stddev of the mean length: falling to ~0 means every completion looks alike. Right: the "
                        "window mean over the baseline; outside 0.7x..1.3x deserves investigation (length hacking "
                        "or collapse).",
@@ -515,7 +515,7 @@ def grpo() -> dict:
 
 def ppo() -> dict:
     return dashboard("posttrain-ppo", "Post-training: PPO",
-                     "PPO instrument cluster (seed 000): reward dynamics, KL health, policy ratio and clip "
+                     "PPO instrument cluster: reward dynamics, KL health, policy ratio and clip "
                      "fraction, value function, fundamentals.", [
         row("Run state", [*step_stats(w=4), regime_panel(w=12), detectors_panel()]),
         row("Reward dynamics and KL", [
@@ -584,7 +584,7 @@ def ppo() -> dict:
 
 def dpo() -> dict:
     return dashboard("posttrain-dpo", "Post-training: DPO",
-                     "DPO reward dynamics (seed 000 instrument 9) and the fundamentals.", [
+                     "DPO reward dynamics (implicit rewards, margin, preference accuracy) and the fundamentals.", [
         row("Run state", [
             stat("Step", "Last training step logged.", [t(f"max by ({KEY}) (posttrain_step{{{RUN}}})")],
                  decimals=0, w=6),

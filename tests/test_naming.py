@@ -4,10 +4,11 @@ instrument 9"), which a user never sees."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
-from conftest import TRL, run_cli
+from conftest import REPO, TRL, run_cli
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.instruments.families import FAMILIES
@@ -62,3 +63,18 @@ def test_unit_suffixes(dumps: dict[str, str]) -> None:
     for name in names:
         if "length" in name and not name.endswith("_ratio"):
             assert name.endswith("_tokens"), name
+
+
+def test_board_texts_name_nothing_internal() -> None:
+    """The boards' titles and panel descriptions are read by the same users as the HELP texts."""
+    def texts(node: object) -> list[str]:
+        if isinstance(node, dict):
+            own = [v for k, v in node.items() if k in ("title", "description", "content") and isinstance(v, str)]
+            return own + [t for v in node.values() for t in texts(v)]
+        if isinstance(node, list):
+            return [t for v in node for t in texts(v)]
+        return []
+
+    for path in sorted((REPO / "grafana").glob("*.json")):
+        bad = [t for t in texts(json.loads(path.read_text())) if INTERNAL.search(t)]
+        assert not bad, f"{path.name}: {bad}"
