@@ -446,3 +446,20 @@ def test_when_a_container_is_finished() -> None:
     assert not container_finished(pod("Running", "Always", {"terminated": {"exitCode": 0}}), "t")
     assert not container_finished(pod("Running", "Never", {"running": {}}), "t")
     assert not container_finished(pod("Pending", "Never", {"waiting": {}}), "other")
+
+
+def test_a_container_restarted_during_a_drop_is_read_from_its_new_start() -> None:
+    """The API serves the restarted container's log: its lines are all later than any read, so none is skipped,
+    and an unfinished line of the old one is ended rather than glued to the new one's first."""
+    old = sample_entries()
+    new = [(t + 60_000_000_000, b"new " + line) for t, line in old]
+    new_text = b"".join(line for _, line in new).decode()
+    full = wire(old)
+    for p in range(len(full) + 1):
+        lines = TimestampedLines()
+        got = lines.feed(full[:p])
+        lines.resume()
+        after = lines.feed(wire(new))
+        assert after.endswith(new_text), p
+        ended = after[:-len(new_text)]  # a character cut in two ends as U+FFFD, as at a file's rotation
+        assert ended in ("", "\n", "\ufffd\n") and (ended != "" or not got or got.endswith("\n")), (p, ended)

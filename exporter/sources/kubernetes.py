@@ -45,6 +45,8 @@ READ_SIZE = 1 << 16
 MAX_STAMP_BYTES = 64  # a timestamp prefix is 30 bytes (RFC 3339, nanoseconds); more is a line without one
 QUEUED_CHUNKS = 256  # text waiting for the parser (<= 256 x READ_SIZE): past it the reader waits, never drops
 SINCE_SLACK_SECONDS = 5  # sinceSeconds reaches this much further back than needed (clocks, rounding)
+# HTTP 400 messages of a container that has not started: pending, scheduling, pulling, init containers running
+WAITING = ("waiting to start", "ContainerCreating", "PodInitializing", "does not have a host assigned")
 KEPT_SECONDS = 3  # seconds of line counts kept for resuming (lines out of order by more are not expected)
 
 
@@ -161,6 +163,7 @@ class TimestampedLines:
         self._partial_ts: int | None = None
         self._per_second: dict[int, int] = {}  # lines read, by the second of their timestamp (the last few)
         self._last_second: int | None = None
+        self._max_ts = -1  # the latest timestamp of a line handed out
         self._resume: tuple[int, int, tuple[int, int] | None] | None = None  # (S, lines to skip, partial)
         self.lines = 0  # lines read (not counting those sent again)
         self.unstamped = 0  # lines without a timestamp (not expected): passed on, never skipped
@@ -203,25 +206,25 @@ class TimestampedLines:
     def _start_line(self, ts: int | None) -> None:
         self._in_body, self._ts, self._stamp = True, ts, bytearray()
         self._skip_line, self._skip_bytes = False, 0
-        if self._resume is None or ts is None:
-            self._partial, self._partial_ts = 0, ts
-            return
-        since, skip, partial = self._resume
-        if partial is not None and ts == partial[0] and not skip:
-            self._skip_bytes = self._partial = partial[1]  # the unfinished line again: on after its handed-out part
-            self._partial_ts, self._resume = ts, None
-            return
-        if ts // 1_000_000_000 < since:
-            self._skip_line = True
-            return
-        if skip:
-            self._skip_line = True
-            self._resume = (since, skip - 1, partial)
-            return
-        self._resume = None  # a line not read yet
+        if self._resume is not None and ts is not None:
+            since, skip, partial = self._resume
+            if partial is not None and ts == partial[0] and not skip:
+                self._skip_bytes = self._partial = partial[1]  # the unfinished line again: on after its handed-out part
+                self._partial_ts, self._resume = ts, None
+                return
+            # A line read before is no later than the latest line read: anything later is new (also when the
+            # container was restarted meanwhile and its new log is served instead of the old one).
+            if ts <= self._max_ts and (ts // 1_000_000_000 < since or skip):
+                self._skip_line = True
+                if ts // 1_000_000_000 >= since:
+                    self._resume = (since, skip - 1, partial)
+                return
+            self._resume = None  # the first line not read yet
+            if partial is not None:  # the unfinished line did not come again: end it, so as not to glue the two
+                self._held_newline = True
         self._partial, self._partial_ts = 0, ts
-        if partial is not None:  # the unfinished line did not come again: end it, so as not to glue the two
-            self._held_newline = True
+        if ts is not None and ts > self._max_ts:
+            self._max_ts = ts
 
     _held_newline = False
 
@@ -434,7 +437,7 @@ class KubernetesLogReader:
     def _request_failed(self, e: Exception) -> str:
         status = getattr(e, "status", None)
         body = str(getattr(e, "body", "") or "")
-        if status == 400 and ("waiting to start" in body or "ContainerCreating" in body or "PodInitializing" in body):
+        if status == 400 and any(w in body for w in WAITING):
             if "waiting" not in self._warned:
                 self._warned.add("waiting")
                 log.info("%s: the container has not started yet; waiting for it", self.ref)
