@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,7 @@ class _EnvDefault(list):
                          "command line takes precedence)")
 
 
-def _bind_env(parser: argparse.ArgumentParser, command: str | None, environ: os._Environ | dict[str, str]) -> None:
+def _bind_env(parser: argparse.ArgumentParser, command: str | None, environ: Mapping[str, str]) -> None:
     """Names each flag's variable in its help, and makes a set variable the flag's default."""
     for action in parser._actions:
         longs = [o for o in action.option_strings if o.startswith("--")]
@@ -174,7 +175,7 @@ def _log_options(p: argparse.ArgumentParser, *, top: bool) -> None:
                    default="logfmt" if top else argparse.SUPPRESS, help="logfmt (default) or json")
 
 
-def build_parser(environ: os._Environ | dict[str, str] | None = None) -> argparse.ArgumentParser:
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     """`environ` (default os.environ) gives the POSTTRAIN_* variables."""
     p = _Parser(prog=PROG, description="Prometheus exporter for LLM post-training runs (TRL, verl, OpenRLHF). "
                 "Every flag can also be set by its POSTTRAIN_* environment variable (shown in each command's --help); "
