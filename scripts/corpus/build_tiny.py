@@ -1,7 +1,7 @@
 """Build a tiny random-init Qwen2 causal LM and a locally trained byte-level BPE tokenizer (no hub access).
 
 Adapted from tests/fixtures/trl/build_tiny.py (same corpus, seeds and architecture); the output folder is an
-argument.  usage: python build_tiny.py OUT_DIR   (writes OUT_DIR, e.g. /work/corpus-work/models/tiny-model)
+argument.  usage: python build_tiny.py OUT_DIR   (writes OUT_DIR, e.g. /tmp/corpus-build/models/tiny-model)
 """
 
 import os

@@ -2,7 +2,7 @@
 # Rebuilds the labelled corpus of real TRL runs (tests/fixtures/corpus/) from scratch, on CPU, without the hub.
 #
 # usage: scripts/corpus/make_corpus.sh WORK_DIR [RUN ...]
-#   WORK_DIR  scratch folder outside the repo (venv, tiny models, run outputs, checkpoints), e.g. /work/corpus-work
+#   WORK_DIR  scratch folder outside the repo (venv, tiny models, run outputs, checkpoints), e.g. /tmp/corpus-build
 #   RUN       only these runs (default: all); the tiny models are rebuilt only when WORK_DIR/sft is missing
 # env: JOBS=2 (runs in parallel; each is pinned to one CPU thread, so results do not depend on JOBS),
 #      PYTHON (default WORK_DIR/venv/bin/python; the venv is created with pinned versions when missing),
