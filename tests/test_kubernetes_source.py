@@ -7,6 +7,7 @@ code against a real HTTP server, nothing mocked. A real cluster was not used (do
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import socket
@@ -148,6 +149,10 @@ class FakeCluster:
         with self.lock:
             self.log_requests.append(query)
             step = self.plan.pop(0) if self.plan else "all"
+        if isinstance(step, tuple) and step[0] == "status":  # another API error: ("status", code, message)
+            self.json(h, step[1], {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": step[1],
+                                   "message": step[2]})
+            return
         if step == "waiting":
             self.json(h, 400, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "BadRequest",
                                "code": 400, "message": f'container "{CONTAINER}" in pod "{POD}" is waiting to start: '
@@ -285,6 +290,30 @@ def test_a_long_line_obeys_the_line_limit(k8s_env, monkeypatch, tmp_path) -> Non
     assert families(ex) == dump_of(path, CONTAINER, cfg)
     assert ex.stats[CONTAINER].lines_dropped["too_long"] == 1
     assert ex.runs[CONTAINER].records["train"] == 2
+
+
+def test_api_errors_are_counted_logged_once_and_retried(k8s_env, monkeypatch, tmp_path, caplog) -> None:
+    """403 (RBAC missing) and 400 for a wrong container are errors, unlike 'waiting to start': counted in
+    read_errors, logged once with what to check, retried with backoff; the log is then read whole."""
+    lines = log_lines(FIXTURE.read_bytes())[:80]
+    entries = stamped(lines, time.time() - 20)
+    forbidden = ('pods "grpo-7b-0" is forbidden: User "system:serviceaccount:team-a:trainer" cannot get resource '
+                 '"pods/log" in API group "" in the namespace "team-a"')
+    cluster = FakeCluster(entries, [("status", 403, forbidden), ("status", 403, forbidden),
+                                    ("status", 400, 'container "trainr" is not valid for pod "grpo-7b-0"'), "all"])
+    try:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path)))
+        ex = Exporter(Config(), [LogSpec(f"k8s://{NS}/{POD}/{CONTAINER}", CONTAINER)])
+        inp = follow_to_end(ex)
+    finally:
+        cluster.close()
+    path = tmp_path / "trainer.log"
+    path.write_bytes(b"".join(lines))
+    assert families(ex) == dump_of(path, CONTAINER)
+    assert inp.follow.read_errors == 3
+    warnings = [r.getMessage() for r in caplog.records
+                if r.name == "exporter.sources.kubernetes" and r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "HTTP 403" in warnings[0] and "`get` on pods/log" in warnings[0], warnings
 
 
 def test_env_shorthand_and_default_run_name(k8s_env, monkeypatch, tmp_path) -> None:

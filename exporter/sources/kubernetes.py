@@ -447,6 +447,8 @@ class KubernetesLogReader:
         if status in (401, 403):
             hint = (f" (the pod's service account needs `get` on pods/log in namespace {self.ref.namespace}: see "
                     "docs/kubernetes-source.md)")
+        elif status == 400:
+            hint = f" (does pod {self.ref.pod} have a container named {self.ref.container}?)"
         elif status == 404:
             hint = " (is the namespace/pod right? POD_NAMESPACE and POD_NAME come from the downward API)"
         self._warn("failed", "%s: cannot read the log: %s%s; retrying (further failures are only counted in "
