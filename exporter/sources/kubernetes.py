@@ -150,7 +150,8 @@ class TimestampedLines:
     (all read: lines come in order to within a second), then the first N of S and later, N being how many of
     them were read, in the order the API sent them (it sends a log in the same order every time), then the
     part of the unfinished line already handed out. Lines sharing a timestamp, and the stdout and stderr
-    lines a runtime wrote slightly out of timestamp order, are counted right this way."""
+    lines a runtime wrote slightly out of timestamp order, are counted right this way. A line later than every
+    line read is never skipped: after a container restart the API serves the new container's log instead."""
 
     def __init__(self) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -165,12 +166,9 @@ class TimestampedLines:
         self._last_second: int | None = None
         self._max_ts = -1  # the latest timestamp of a line handed out
         self._resume: tuple[int, int, tuple[int, int] | None] | None = None  # (S, lines to skip, partial)
+        self._held_newline = False  # an unfinished line that never came again: end it before the next text
         self.lines = 0  # lines read (not counting those sent again)
         self.unstamped = 0  # lines without a timestamp (not expected): passed on, never skipped
-
-    @property
-    def started(self) -> bool:
-        return self._last_second is not None or self._partial_ts is not None
 
     def feed(self, data: bytes) -> str:
         out = bytearray()
@@ -225,8 +223,6 @@ class TimestampedLines:
         self._partial, self._partial_ts = 0, ts
         if ts is not None and ts > self._max_ts:
             self._max_ts = ts
-
-    _held_newline = False
 
     def _body(self, piece: bytes, out: bytearray) -> None:
         if self._held_newline:
