@@ -196,21 +196,24 @@ FLAG = [(None, "green"), (1, "orange")]
 # value was logged (refId B, posttrain_instrument_last_step: for instruments logged on some steps only, such as
 # GRPO's rewards with num_iterations > 1, posttrain_step would pair a value with a later step). Each query keeps
 # only the times where the other exists (`and on (cluster, namespace, run)`), so every row has both. Then, in Grafana:
-#   merge             one table Time | run | Value #A | Value #B (rows with the same Time and run are joined)
+#   merge             one table Time | run | series | Value #A | Value #B (rows with the same Time and run joined)
 #   groupingToMatrix  one row per step (Value #B), one column per run (its Value #A), null where a run has no value
-#   organize          the step column ("Value #B\run") renamed "step"
+#   organize          the step column ("Value #B\series") renamed "step"
 #   convertFieldType  "step" to a number (groupingToMatrix makes its row field a string)
 #   sortBy            ascending step, which the trend panel requires
 # The trend panel takes one frame: the matrix is that frame, with the step as its x field and one series per run.
+# A column is named by the `series` label both queries add: the run, behind its namespace and cluster where the
+# series have them (`team-a/grpo`, `c1/team-a/grpo`), so two teams' runs of the same name stay two lines.
 
 STEP_FIELD = "step"
+SERIES = "series"
 VALUE_COLUMN, STEP_COLUMN = "Value #A", "Value #B"  # the Prometheus data source's names for two table queries
 STEP_MAX_POINTS = 3000  # rows per query: one per scrape over 12 h at 15 s (Prometheus allows 11,000)
 STEP_TRANSFORMATIONS = [
     {"id": "merge", "options": {}},
-    {"id": "groupingToMatrix", "options": {"columnField": "run", "rowField": STEP_COLUMN, "valueField": VALUE_COLUMN,
+    {"id": "groupingToMatrix", "options": {"columnField": SERIES, "rowField": STEP_COLUMN, "valueField": VALUE_COLUMN,
                                            "emptyValue": "null"}},
-    {"id": "organize", "options": {"renameByName": {f"{STEP_COLUMN}\\run": STEP_FIELD}}},
+    {"id": "organize", "options": {"renameByName": {f"{STEP_COLUMN}\\{SERIES}": STEP_FIELD}}},
     {"id": "convertFieldType", "options": {"conversions": [{"targetField": STEP_FIELD, "destinationType": "number"}],
                                            "fields": {}}},
     {"id": "sortBy", "options": {"fields": {}, "sort": [{"field": STEP_FIELD, "desc": False}]}},
@@ -222,8 +225,15 @@ def step_queries(metric: str, instrument: str, sub: str = "") -> list[dict]:
     sel = ", ".join(part for part in (sub, RUN) if part)
     value = f"max by ({KEY}) ({metric}{{{sel}}})"
     step = f'max by ({KEY}) (posttrain_instrument_last_step{{instrument="{instrument}", {sel}}})'
-    return [{**t(f"{value}\nand on ({KEY}) {step}"), "format": "table"},
-            {**t(f"{step}\nand on ({KEY}) {value}", "{{run}} step"), "format": "table"}]
+    return [{**t(_series(f"{value}\nand on ({KEY}) {step}")), "format": "table"},
+            {**t(_series(f"{step}\nand on ({KEY}) {value}"), "{{run}} step"), "format": "table"}]
+
+
+def _series(expr: str) -> str:
+    """`expr` with a `series` label naming its run: cluster/namespace/run, without the parts a series lacks."""
+    joined = f'label_join(\n{expr},\n"{SERIES}", "/", "cluster", "namespace", "run")'
+    return f'label_replace({joined}, "{SERIES}", "$1", "{SERIES}", "/*(.*)")'
+
 
 
 def by_step(title: str, description: str, metric: str, instrument: str, sub: str = "", unit: str = "short",

@@ -325,7 +325,10 @@ def test_step_row_holds_the_primary_instruments(name: str) -> None:
         assert (value["refId"], step["refId"]) == ("A", "B")
         assert value["format"] == step["format"] == "table" and value["range"] and step["range"]
         matrix = next(tr["options"] for tr in p["transformations"] if tr["id"] == "groupingToMatrix")
-        assert (matrix["valueField"], matrix["rowField"], matrix["columnField"]) == ("Value #A", "Value #B", "run")
+        assert (matrix["valueField"], matrix["rowField"], matrix["columnField"]) == ("Value #A", "Value #B", "series")
+        for q in (value, step):  # a column per run, named by its namespace (and cluster) where the series have one
+            assert q["expr"].startswith("label_replace(label_join(") and \
+                q["expr"].endswith('"series", "/", "cluster", "namespace", "run"), "series", "$1", "series", "/*(.*)")')
         assert "\nand on (cluster, namespace, run) " in value["expr"] \
             and "\nand on (cluster, namespace, run) " in step["expr"], \
             "each query keeps only the times where the other exists, so no row lacks a step or a value"
@@ -334,7 +337,7 @@ def test_step_row_holds_the_primary_instruments(name: str) -> None:
 def test_grafana_transformations_emulated() -> None:
     """The join on a hand-made answer: two runs, a step seen at two scrapes, a run missing at a step."""
     def series(run: str, points: list[tuple[float, float]]) -> dict:
-        return {"metric": {"run": run}, "values": [[t, str(v)] for t, v in points]}
+        return {"metric": {"run": run, "series": run}, "values": [[t, str(v)] for t, v in points]}
 
     answers = {"A": [series("a", [(1, 0.5), (2, 0.5), (3, 0.7)]), series("b", [(10, 0.1), (11, 0.2)])],
                "B": [series("a", [(1, 4), (2, 4), (3, 8)]), series("b", [(10, 2), (11, 8)])]}

@@ -16,6 +16,7 @@ import json
 import shutil
 import sys
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -71,8 +72,8 @@ class Prom:
     def __init__(self, port: int) -> None:
         self.port = port
 
-    def query(self, promql: str) -> list[dict]:
-        url = f"http://127.0.0.1:{self.port}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+    def query(self, promql: str, path: str = "query", **params: float) -> list[dict]:
+        url = f"http://127.0.0.1:{self.port}/api/v1/{path}?{urllib.parse.urlencode({'query': promql, **params})}"
         try:
             with urllib.request.urlopen(url, timeout=10) as r:
                 answer = json.loads(r.read())
@@ -190,6 +191,15 @@ def test_same_run_name_in_two_namespaces_stays_two_runs(stack) -> None:
     assert sorted(r["metric"]["namespace"] for r in both) == ["team-a", "team-b"]
     one = stack.query(preview.substitute(step, [RUN], namespaces=["team-b"]))
     assert [r["metric"]["namespace"] for r in one] == ["team-b"]
+    # the step-aligned panels: one line per (namespace, run), named by both
+    now = time.time()
+    for p in (q for q in preview.all_panels(board) if q["type"] == "trend"):
+        answers = {tg["refId"]: stack.query(preview.substitute(tg["expr"], [RUN]), "query_range",
+                                            start=now - 3, end=now, step=0.5) for tg in p["targets"]}
+        lines = preview.trend_series(p, answers)
+        assert sorted(lines) == ["team-a/grpo-multi", "team-b/grpo-multi"], p["title"]
+        # the same fixture in both namespaces: the same last logged step and value, on two lines
+        assert lines["team-a/grpo-multi"] and lines["team-a/grpo-multi"] == lines["team-b/grpo-multi"], p["title"]
     # the GPU board of team-b: its one GPU, none of team-a's
     for title, ref, expr in gpu_targets():
         result = stack.query(preview.substitute(expr, [RUN], namespaces=["team-b"]))
