@@ -167,6 +167,111 @@ def make_log(source: Path, out: Path, size_mb: float | None, reps: int | None) -
     return meta
 
 
+
+# --- the other trainers' shapes (formats in the repo's README / tests: verl, OpenRLHF, JSON lines) ---------
+
+# verl's step keys (its console logger and file logger print the same dict). `actor/*` come from
+# np.mean (reduce_metrics) and print as `np.float64(...)` under NumPy 2 in the console; the others are
+# Python floats and ints.
+VERL_KEYS: tuple[str, ...] = (
+    "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/kl_loss",
+    "actor/kl_coef", "actor/entropy", "actor/grad_norm", "actor/lr",
+    "critic/score/mean", "critic/score/max", "critic/score/min",
+    "critic/rewards/mean", "critic/rewards/max", "critic/rewards/min",
+    "critic/advantages/mean", "critic/advantages/max", "critic/advantages/min",
+    "critic/returns/mean", "critic/returns/max", "critic/returns/min",
+    "response_length/mean", "response_length/max", "response_length/min", "response_length/clip_ratio",
+    "prompt_length/mean", "prompt_length/max", "prompt_length/min",
+    "timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor",
+    "timing_s/step", "perf/total_num_tokens", "perf/throughput",
+)  # fmt: skip
+VERL_VAL_KEYS = ("val-core/openai/gsm8k/reward/mean@1", "val-aux/openai/gsm8k/reward/std@1")
+VERL_VAL_EVERY = 100  # steps between validation keys joining the step line (test_freq)
+OPENRLHF_KEYS: tuple[str, ...] = (
+    "policy_loss", "actor_lr", "actor_grad_norm", "ppo_clip_ratio", "ppo_kl", "kl", "logprobs_diff", "reward",
+    "return", "group_reward_std", "response_length", "total_length", "critic_loss", "values", "critic_lr",
+    "timing/generation", "timing/make_experience", "timing/ppo_train",
+)  # fmt: skip
+SHAPES = ("trl", "trl-dict", "verl-console", "verl-jsonl", "jsonl", "openrlhf")
+
+
+def _verl_values(step: int, rng) -> dict[str, float | int]:
+    v: dict[str, float | int] = {}
+    for k in VERL_KEYS:
+        if k == "perf/total_num_tokens":
+            v[k] = rng.randrange(100_000, 400_000)
+        elif k.startswith("response_length/") or k.startswith("prompt_length/"):
+            v[k] = float(rng.randrange(10, 1024)) if not k.endswith("clip_ratio") else rng.random() * 0.1
+        elif k == "actor/lr":
+            v[k] = 1e-6
+        else:
+            v[k] = rng.gauss(0, 1) * 10 ** rng.randrange(-3, 2)
+    if step % VERL_VAL_EVERY == 0:
+        v.update({k: rng.random() for k in VERL_VAL_KEYS})
+    return v
+
+
+def _verl_console_line(step: int, v: dict[str, float | int]) -> str:
+    parts = [f"step:{step}"]
+    for k, x in v.items():
+        parts.append(f"{k}:np.float64({x!r})" if k.startswith("actor/") else f"{k}:{x!r}")
+    return "(TaskRunner pid=87031) " + " - ".join(parts)
+
+
+def make_synthetic(shape: str, out: Path, lines: int, seed: int = 14) -> dict[str, object]:
+    """`lines` lines of one trainer's log shape, a rising step (all numbers from a seeded RNG)."""
+    import random
+
+    rng = random.Random(seed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    records = 0
+    with open(out, "w", buffering=1 << 20) as f:
+        if shape == "verl-console":
+            f.write("(TaskRunner pid=87031) step:0 - " + " - ".join(f"{k}:{rng.random()!r}" for k in VERL_VAL_KEYS)
+                    + "\n")
+        for step in range(1, lines + (shape != "verl-console")):
+            if shape == "verl-console":
+                f.write(_verl_console_line(step, _verl_values(step, rng)) + "\n")
+            elif shape == "verl-jsonl":
+                f.write(json.dumps({"step": step, "data": _verl_values(step, rng)}) + "\n")
+            elif shape == "jsonl":
+                v = {k.replace("actor/", "train/"): x for k, x in _verl_values(step, rng).items()}
+                f.write(json.dumps({"step": step, **v}) + "\n")
+            elif shape == "openrlhf":
+                v = {k: rng.gauss(0, 1) * 10 ** rng.randrange(-3, 2) for k in OPENRLHF_KEYS}
+                f.write(f"INFO 05-12 10:{step // 60 % 60:02d}:{step % 60:02d} ppo_trainer.py:412] "
+                        f"\u2728 Global step {step}: {v!r}\n")
+            else:
+                raise SystemExit(f"make_log: unknown shape {shape}")
+            records += 1
+    meta: dict[str, object] = {"shape": shape, "path": str(out), "bytes": out.stat().st_size,
+                               "records": records + (shape == "verl-console"), "final_step": step, "seed": seed}
+    Path(str(out) + ".meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def make_trl_dict_only(source: Path, out: Path, lines: int) -> dict[str, object]:
+    """The GRPO fixture's stdout (dict lines only, no bars) repeated as one run: `epoch` and `num_tokens`
+    offset per repetition like make_log, the eval lines kept, the summary once at the end."""
+    text = source.read_bytes()
+    body_lines = [ln for ln in text.split(b"\n") if ln.startswith(b"{'")]
+    summary = [ln for ln in body_lines if ln.startswith(_SUMMARY)]
+    body = b"\n".join(ln for ln in body_lines if not ln.startswith(_SUMMARY)) + b"\n"
+    per_rep = last_values(body)
+    reps = max(1, math.ceil(lines / body.count(b"\n")))
+    t = build_template(body, 10**9)  # no bar in stdout: only the value holes
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "wb", buffering=1 << 20) as f:
+        for k in range(reps):
+            f.write(render(t, k, reps, per_rep))
+        for ln in summary:
+            f.write(ln + b"\n")
+    per_rep_records = sum(b"'loss'" in ln for ln in body_lines if not ln.startswith(_SUMMARY))
+    meta: dict[str, object] = {"shape": "trl-dict", "source": str(source), "path": str(out),
+                               "bytes": out.stat().st_size, "repetitions": reps, "final_step": reps * per_rep_records}
+    Path(str(out) + ".meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT, help=f"output log (default {DEFAULT_OUT})")
@@ -174,11 +279,20 @@ def main(argv: list[str] | None = None) -> int:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--size-mb", type=float, default=None, help=f"target size in MB (default {DEFAULT_SIZE_MB:g})")
     g.add_argument("--reps", type=int, default=None, help="number of repetitions of the body instead of a size")
+    p.add_argument("--shape", choices=SHAPES, default="trl",
+                   help="trl: the combined GRPO log (default); trl-dict: its stdout dict lines only; verl-console, "
+                   "verl-jsonl, jsonl, openrlhf: generated lines of that trainer's shape")
+    p.add_argument("--lines", type=int, default=200_000, help="lines of the generated shapes (default 200,000)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    meta = make_log(args.source, args.out, args.size_mb, args.reps)
-    print(f"wrote {meta['path']}: {meta['bytes']:,} bytes, {meta['repetitions']} repetitions, "
-          f"final step {meta['final_step']:,} ({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
+    if args.shape == "trl":
+        meta = make_log(args.source, args.out, args.size_mb, args.reps)
+    elif args.shape == "trl-dict":
+        meta = make_trl_dict_only(DEFAULT_SOURCE.with_name("stdout.log"), args.out, args.lines)
+    else:
+        meta = make_synthetic(args.shape, args.out, args.lines)
+    print(f"wrote {meta['path']}: {meta['bytes']:,} bytes, final step {meta['final_step']:,} "
+          f"({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
     return 0
 
 

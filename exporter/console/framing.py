@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from typing import Protocol
 
+from exporter.parsers import fastpath
+
 _ANSI = re.compile(r"\x1b\[[0-9;?]*+[A-Za-z]")
 _CURSOR_UP = "\x1b[A"  # tqdm moves up after drawing a bar at position >= 1 (nested, e.g. eval)
 # `  4%|▍         | 13/300 [00:01<00:36,  7.95it/s]` with any description before the first | (group 1, None
@@ -45,6 +47,8 @@ class ConsoleSink(Protocol):
 
     def overlong(self) -> None: ...  # a line longer than max_line_length was dropped
 
+    # Optional: `line_run(texts)`, the same as `line(text)` for each in turn (a run of plain lines at once).
+
 
 class ConsoleFramer:
     def __init__(self, sink: ConsoleSink, max_line_length: int = MAX_LINE_LENGTH) -> None:
@@ -54,6 +58,7 @@ class ConsoleFramer:
         self._held_length = 0
         self._skipping = False  # inside a line over max_line_length: dropped up to its end
         self._open: str | None = None  # start of a metric line cut by a \r
+        self._batch = getattr(sink, "line_run", None)  # a run of plain \n-terminated lines at once
 
     def feed(self, text: str) -> None:
         if self._skipping:
@@ -78,7 +83,17 @@ class ConsoleFramer:
             lines = [self._without_overlong(line) for line in lines]
         self._hold(data[last + 1 :])
         tail = lines.pop()  # after the last \n: \r-terminated segments only (possibly none)
+        # Runs of plain lines (no \r, no escape, no bar, not blank, no line held open) go to the sink in
+        # one call (sink.line_run): a trainer without bars prints nothing else.
+        run: list[str] | None = [] if self._batch and fastpath.ENABLED else None
         for line in lines:
+            if run is not None and line and self._open is None and "\r" not in line and "\x1b" not in line \
+                    and "|" not in line and not line.isspace():
+                run.append(line)
+                continue
+            if run:
+                self._batch(run)
+                run = []
             if "\r" in line:
                 segments = line.split("\r")
                 if not segments[-1]:
@@ -86,6 +101,8 @@ class ConsoleFramer:
                 self._segments(segments, True)
             elif line:
                 self._segment(line, True)
+        if run:
+            self._batch(run)
         if tail:
             segments = tail.split("\r")
             segments.pop()  # the empty text after the tail's last \r

@@ -99,6 +99,38 @@ class RunState:
         if len(self._pending) >= BATCH_RECORDS:
             self._apply()
 
+    def ingest_many(self, recs: list[Record]) -> None:
+        """ingest(rec) for each of `recs`, records that carry their step (the console stream's runs of
+        lines): training records whose step does not go back are taken without a call each."""
+        if not recs:
+            return
+        if "ingest" in vars(self):  # ingest wrapped on this run (a test's hook): it sees every record
+            for rec in recs:
+                self.ingest(rec)
+            return
+        pending, limit, max_keys = self._pending, BATCH_RECORDS, self.limits.max_keys
+        train = RecordKind.TRAIN
+        last, taken = self.step, 0
+        for rec in recs:
+            step = rec.step
+            if rec.kind is not train or rec.skipped or not last <= step <= MAX_STEP or len(rec.numbers) > max_keys:
+                if taken:
+                    self.step, self.finished = last, False
+                self.ingest(rec)
+                last, pending = self.step, self._pending
+                continue
+            last = step
+            taken += 1
+            pending.append(rec)
+            if len(pending) >= limit:
+                self.step, self.finished = last, False
+                self._apply()
+                pending = self._pending
+        if taken:
+            self.step, self.finished = last, False
+            self.records[train] += taken
+        self.last_record_time = time.time()
+
     def refresh(self) -> None:
         """Bring everything up to date before it is read (a scrape, the end of dump): the waiting
         records, then the window statistics."""

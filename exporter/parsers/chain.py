@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from exporter.parsers.fastpath import VerlConsoleFast
 from exporter.parsers.jsonl import parse_json_line
 from exporter.parsers.katib import parse_katib_anywhere, parse_katib_strict
 from exporter.parsers.prefix import without_ray_suffix
@@ -14,11 +15,18 @@ from exporter.parsers.userregex import RegexFormat
 from exporter.parsers.verl import parse_verl_console
 
 LineParser = Callable[[str], Record | None]
+# verl's console lines, read per record shape (parsers/fastpath.py)
+_VERL = VerlConsoleFast()
+
+
+def _verl(line: str) -> Record | None:
+    return _VERL.parse(without_ray_suffix(line), parse_verl_console)
+
 
 BUILTIN_FORMATS: dict[str, LineParser] = {
     "hf": lambda line: parse_hf_dict(line) if line.startswith("{'") else parse_hf_line(line),
     "json": parse_json_line,
-    "verl": lambda line: parse_verl_console(without_ray_suffix(line)),
+    "verl": _verl,
     "openrlhf": parse_openrlhf,
     "katib": parse_katib_anywhere,
 }
@@ -57,7 +65,7 @@ class LineParserChain:
             rec = parse_openrlhf(line) if "Global step" in line else None
             return rec if rec is not None else parse_hf_line(line)
         if "step:" in line:
-            return parse_verl_console(without_ray_suffix(line))
+            return _verl(line)
         return None
 
     def parse(self, line: str) -> Record | None:

@@ -6,8 +6,9 @@ import json
 import re
 from itertools import accumulate
 
+from exporter.parsers import fastpath
 from exporter.parsers.record import ParseError, Record
-from exporter.parsers.values import Skip, count_skip, int_to_float, step_of_number, step_or_none, to_float
+from exporter.parsers.values import MAX_STEP, Skip, count_skip, int_to_float, step_of_number, step_or_none, to_float
 
 _STEP_KEYS = ("step", "global_step", "_step")
 
@@ -87,6 +88,10 @@ def parse_json_line(line: str) -> Record | None:
     obj = loads_bounded(s, "jsonl")
     if not isinstance(obj, dict):
         return None
+    if fastpath.ENABLED:
+        rec = _numeric_fast(obj)
+        if rec is not None:
+            return rec
     values: dict[str, float] = {}
     skipped: dict[str, int] = {}
     if isinstance(obj.get("data"), dict):  # verl file logger
@@ -102,3 +107,22 @@ def parse_json_line(line: str) -> Record | None:
         why = f" (skipped: {', '.join(skipped)})" if skipped else ""
         raise ParseError("no_numeric_values", s[:60] + why, "jsonl")
     return Record(values=values, fmt=fmt, step=step, skipped=skipped)
+
+
+def _numeric_fast(obj: dict) -> Record | None:
+    """The record parse_json_line makes of `obj` when its step is a plain integer (or absent) and every
+    value a plain float or int (parsers/fastpath.py); None: read it key by key."""
+    data = obj.get("data")
+    if isinstance(data, dict):
+        fmt, values, key = "verl_jsonl", data, "step" if "step" in obj else None
+    else:
+        fmt, values = "jsonl", obj
+        key = next((k for k in _STEP_KEYS if k in obj), None)
+        if key is not None:
+            values = {k: v for k, v in obj.items() if k not in _STEP_KEYS}
+    step = None
+    if key is not None:
+        step = obj[key]
+        if type(step) is not int or not 0 <= step <= MAX_STEP:
+            return None  # a step that is skipped (and counted) or converted: the general path
+    return fastpath.numeric_record(values, fmt, step)

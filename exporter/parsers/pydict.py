@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from exporter.parsers import fastpath
 from exporter.parsers.prefix import known_prefix, without_ray_suffix
 from exporter.parsers.quoted import QuotedShapes
 from exporter.parsers.record import ParseError, Record
@@ -46,6 +47,8 @@ def parse_pairs(body: str, fmt: str, step: int | None = None, skipped: dict[str,
 
 # transformers 5's all-quoted lines, read per record shape (parsers/quoted.py)
 _QUOTED = QuotedShapes()
+# OpenRLHF's step lines, read per record shape (parsers/fastpath.py)
+_OPENRLHF_FAST = fastpath.OpenRLHFFast()
 
 
 def parse_hf_dict(line: str) -> Record | None:
@@ -59,7 +62,7 @@ def parse_hf_dict(line: str) -> Record | None:
         if not s.endswith("}"):
             raise ParseError("truncated", s[-40:], "hf_dict")
     body = s[1:-1]
-    if '"' not in body:
+    if '"' not in body and fastpath.ENABLED:
         rec = _QUOTED.parse(body)
         if rec is not None:
             return rec
@@ -102,5 +105,15 @@ def parse_openrlhf(line: str) -> Record | None:
     if not body.endswith("}"):
         raise ParseError("truncated", body[-40:], "openrlhf")
     skipped: dict[str, int] = {}
-    step = step_or_none(step_of_digits, m.group(1), skipped)
-    return parse_pairs(body[1:-1], "openrlhf", step, skipped)
+    digits = m.group(1)
+    if len(digits) <= 15 and fastpath.ENABLED:  # below 2**53: all step_of_digits would do is int()
+        step: int | None = int(digits)
+    else:
+        step = step_or_none(step_of_digits, digits, skipped)
+    if not fastpath.ENABLED or skipped:
+        return parse_pairs(body[1:-1], "openrlhf", step, skipped)
+    rec = _OPENRLHF_FAST.parse_body(body[1:-1], step)
+    if rec is None:
+        rec = parse_pairs(body[1:-1], "openrlhf", step, skipped)
+        _OPENRLHF_FAST.learn(body[1:-1], rec)
+    return rec

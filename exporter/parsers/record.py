@@ -42,6 +42,15 @@ class Record:
         rec._fill(shape, numbers, fmt, step, _NO_SKIPS, None)
         return rec
 
+    @classmethod
+    def of_kind(cls, shape: tuple[str, ...], numbers: list[float], fmt: str, step: int | None,
+                kind: RecordKind) -> Record:
+        """Record.of for a shape whose kind is known (classify(shape)): the per-shape fast parsers."""
+        rec = cls.__new__(cls)
+        rec.shape, rec.numbers, rec.fmt, rec.step, rec.skipped, rec.kind, rec._values = (
+            shape, numbers, fmt, step, _NO_SKIPS, kind, None)
+        return rec
+
     def _fill(self, shape: tuple[str, ...], numbers: list[float], fmt: str, step: int | None,
               skipped: dict[str, int], values: dict[str, float] | None, kind: RecordKind | None = None) -> None:
         self.shape = shape

@@ -1,0 +1,204 @@
+"""Per-shape fast paths for verl's console lines, OpenRLHF's step lines and JSON lines.
+
+A trainer prints a few record shapes (the same keys in the same order, each value printed the same
+way) over and over. The general parsers read each line key by key in Python; here a shape seen twice
+gets one compiled pattern (its keys as literal text, a group per value), so that the next lines of
+that shape are read by one fullmatch and one `map(float, ...)`, and share one keys tuple. JSON lines
+are decoded by json.loads as before; when every value of the record is a plain float or int, the
+record is built from the dict's keys and values at once instead of key by key.
+
+A fast path answers only where it gives exactly what the general parser would give on the same
+line: a pattern is installed only after it read its first line to the same record as the general
+parser did, every pattern is stricter than the general parser (single spaces where the general one
+takes any whitespace, values without spaces, quotes or brackets), and any value float() refuses, a
+step too long, a key twice, a nested or non-numeric JSON value sends the line to the general parser.
+`ENABLED = False` (or POSTTRAIN_EXPORTER_FASTPATH=0 in the environment) turns every fast path off;
+tests/test_fastpath.py checks that the exposition is the same either way."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+
+from exporter.parsers.record import Record, RecordKind, classify
+
+ENABLED = os.environ.get("POSTTRAIN_EXPORTER_FASTPATH", "1") not in ("0", "false", "no", "off")
+
+_MAX_SHAPES = 16  # patterns kept per format, most recently used first
+_MAX_SEEN_ONCE = 16  # shapes seen once, waiting for a second line to earn a pattern
+_MAX_LEARN_CHARS = 16384  # longer lines are left to the general parser
+_MAX_STEP_DIGITS = 15  # up to 15 digits a step is below 2**53: int() is all the general parser does
+
+# Shape = what a pattern is built from: the keys and, per key, how its value is printed.
+Shape = tuple[tuple[str, str], ...]
+
+
+class ShapeCache:
+    """Compiled patterns of the shapes of one format, most recently used first, and the shapes seen once."""
+
+    def __init__(self, build: Callable[[Shape], str]) -> None:
+        self._build = build
+        self.patterns: list[tuple[re.Pattern[str], tuple[str, ...], RecordKind]] = []
+        self._seen_once: dict[Shape, None] = {}
+
+    def match(self, text: str) -> tuple[re.Match[str], tuple[str, ...], RecordKind] | None:
+        patterns = self.patterns
+        for i, entry in enumerate(patterns):
+            m = entry[0].fullmatch(text)
+            if m is not None:
+                if i:
+                    patterns.insert(0, patterns.pop(i))
+                return m, entry[1], entry[2]
+        return None
+
+    def seen(self, shape: Shape) -> re.Pattern[str] | None:
+        """A shape read by the general parser: the second time, its pattern (to be checked, then added)."""
+        if shape not in self._seen_once:
+            if len(self._seen_once) >= _MAX_SEEN_ONCE:
+                del self._seen_once[next(iter(self._seen_once))]
+            self._seen_once[shape] = None
+            return None
+        del self._seen_once[shape]
+        return re.compile(self._build(shape))
+
+    def add(self, pattern: re.Pattern[str], keys: tuple[str, ...]) -> None:
+        self.patterns.insert(0, (pattern, keys, classify(keys)))
+        del self.patterns[_MAX_SHAPES:]
+
+
+def same_record(a: Record | None, b: Record | None) -> bool:
+    """Two records that read the same (NaN equal to NaN, -0.0 apart from 0.0)."""
+    if a is None or b is None:
+        return a is b
+    return (a.shape == b.shape and a.fmt == b.fmt and a.step == b.step and a.kind == b.kind
+            and a.skipped == b.skipped and len(a.numbers) == len(b.numbers)
+            and all(x.hex() == y.hex() or (x != x and y != y) for x, y in zip(a.numbers, b.numbers, strict=True)))
+
+
+# --- verl console: `(TaskRunner pid=1) step:12 - actor/pg_loss:np.float64(0.1) - critic/score/mean:0.5` -----
+
+# The general parser's prefix and step (parsers/verl.py), then single-spaced ` - ` separators.
+_VERL_HEAD = r"(?:\([\w.-]+ pid=\d+(?:, ip=[\d.]+)?\)\s+)?step:(\d+) - "
+_VERL_WRAPPED = re.compile(r"((?:np|numpy)\.(?:float|int|uint)\d*)\([^ ()]*\)")
+_VERL_PLAIN = "([^ ]*)"  # no space: a value never runs into the next ` - `
+
+
+def _verl_pattern(shape: Shape) -> str:
+    parts = []
+    for key, wrapper in shape:
+        value = _VERL_PLAIN if not wrapper else re.escape(wrapper) + r"\(([^ ()]*)\)"
+        parts.append(re.escape(key + ":") + value)
+    return _VERL_HEAD + " - ".join(parts)
+
+
+class VerlConsoleFast:
+    def __init__(self) -> None:
+        self.cache = ShapeCache(_verl_pattern)
+
+    def parse(self, line: str, general: Callable[[str], Record | None]) -> Record | None:
+        """`line` as general(line) reads it (parsers/verl.py's parse_verl_console)."""
+        if not ENABLED:
+            return general(line)
+        s = line.strip()
+        rec = self._fast(s)
+        if rec is not None:
+            return rec
+        rec = general(line)
+        if rec is not None and not rec.skipped and len(s) <= _MAX_LEARN_CHARS:
+            self._learn(s, rec)
+        return rec
+
+    def _fast(self, s: str) -> Record | None:
+        found = self.cache.match(s)
+        return None if found is None else self._record(*found)
+
+    @staticmethod
+    def _record(m: re.Match[str] | None, keys: tuple[str, ...], kind: RecordKind) -> Record | None:
+        if m is None:
+            return None
+        groups = m.groups()
+        step = groups[0]
+        if len(step) > _MAX_STEP_DIGITS:
+            return None
+        try:
+            return Record.of_kind(keys, list(map(float, groups[1:])), "verl_console", int(step), kind)
+        except ValueError:
+            return None
+
+    def _learn(self, s: str, rec: Record) -> None:
+        i = s.find(" - ")
+        if i < 0 or not rec.shape:
+            return
+        shape: list[tuple[str, str]] = []
+        for part in s[i + 3 :].split(" - "):
+            key, _, raw = part.partition(":")
+            w = _VERL_WRAPPED.fullmatch(raw)
+            shape.append((key, w.group(1) if w else ""))
+        if tuple(k for k, _ in shape) != rec.shape:
+            return  # spaces around keys, a key twice: the general parser's reading only
+        pattern = self.cache.seen(tuple(shape))
+        if pattern is None:
+            return
+        if same_record(self._record(pattern.fullmatch(s), rec.shape, rec.kind), rec):  # checked on its own line
+            self.cache.add(pattern, rec.shape)
+
+
+# --- OpenRLHF: `... ✨ Global step 12: {'policy_loss': -0.02, 'kl': 0.013}` --------------------------------
+
+_OPENRLHF_VALUE = "([^,{}'\"\\s]+)"  # a bare number: what float() reads, with nothing the pair regex could see
+
+
+def _openrlhf_pattern(shape: Shape) -> str:
+    return ", ".join(re.escape(f"'{key}': ") + _OPENRLHF_VALUE for key, _ in shape)
+
+
+_OPENRLHF_KEY = re.compile(r"'([^'\"\\]*)': ")
+
+
+class OpenRLHFFast:
+    def __init__(self) -> None:
+        self.cache = ShapeCache(_openrlhf_pattern)
+
+    def parse_body(self, body: str, step: int | None) -> Record | None:
+        """The record of `body` (inside the braces), or None: read it with the general parser."""
+        found = self.cache.match(body)
+        return None if found is None else self._record(*found, step)
+
+    @staticmethod
+    def _record(m: re.Match[str] | None, keys: tuple[str, ...], kind: RecordKind, step: int | None) -> Record | None:
+        if m is None:
+            return None
+        try:
+            return Record.of_kind(keys, list(map(float, m.groups())), "openrlhf", step, kind)
+        except ValueError:
+            return None
+
+    def learn(self, body: str, rec: Record) -> None:
+        if rec.skipped or not rec.shape or len(body) > _MAX_LEARN_CHARS:
+            return
+        keys = tuple(_OPENRLHF_KEY.findall(body))
+        if keys != rec.shape:
+            return
+        pattern = self.cache.seen(tuple((k, "") for k in keys))
+        if pattern is None:
+            return
+        if same_record(self._record(pattern.fullmatch(body), keys, rec.kind, rec.step), rec):
+            self.cache.add(pattern, keys)
+
+
+# --- JSON lines: every value a plain float or int -------------------------------------------------------
+
+_NUMBER_TYPES = frozenset({float, int})
+
+
+def numeric_record(values: dict, fmt: str, step: int | None) -> Record | None:
+    """A record of a flat dict whose values are all floats and ints (no bool, no None, nothing nested,
+    no integer beyond a float's range), as the general flatten would make it; None otherwise."""
+    if not values or not _NUMBER_TYPES.issuperset(map(type, values.values())):
+        return None
+    try:
+        numbers = list(map(float, values.values()))
+    except OverflowError:
+        return None
+    return Record.of(tuple(values), numbers, fmt, step)

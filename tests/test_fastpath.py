@@ -1,0 +1,252 @@
+"""The per-shape fast paths (parsers/fastpath.py, parsers/quoted.py, the framer's and the console stream's
+runs of plain lines, RunState.ingest_many) change nothing: `dump`'s exposition is the same, byte for byte,
+with them on and off (fastpath.ENABLED), on every fixture and on generated verl, OpenRLHF and JSON lines
+with the cases a fast path could get wrong. Both sides run the current code, so a renamed metric changes
+both alike; only the lines that measure time (timestamps, durations, process figures) are left out.
+
+The exposition shows a pass-through key's last value only, so every record that reaches a run (its format,
+kind, step, skipped values, keys and each number's bits, in order) is compared too."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import random
+import re
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES
+
+from exporter import cli
+from exporter.instruments.run import RunState
+from exporter.parsers import chain, fastpath, pydict
+from exporter.parsers.quoted import QuotedShapes
+
+# Lines whose value is a clock reading or a duration: they differ between any two runs.
+_CLOCK = re.compile(r"^(?:process_|python_gc_|posttrain_gpu_sampler_"
+                    r"|[^{ ]*(?:timestamp|_seconds_(?:sum|count|bucket|total)|_duration|_cpu_seconds))")
+FIXTURE_FILES = sorted(p for p in FIXTURES.rglob("*") if p.is_file() and p.suffix not in (".py", ".md", ".txt")
+                       and p.name != "run.json")
+
+
+def _fresh_caches() -> None:
+    """Shape caches start empty, so that each side learns its shapes from the first line on."""
+    chain._VERL = fastpath.VerlConsoleFast()
+    pydict._OPENRLHF_FAST = fastpath.OpenRLHFFast()
+    pydict._QUOTED = QuotedShapes()
+
+
+def dump(path: Path, fast: bool, *args: str) -> str:
+    """`posttrain-exporter dump` in this process, the fast paths on or off; the clock's lines left out."""
+    saved, apply = fastpath.ENABLED, RunState._apply
+    fastpath.ENABLED = fast
+    _fresh_caches()
+    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    records: list[str] = []
+
+    def applied(run: RunState) -> None:  # every record that reaches a run's history or pass-through, in order
+        records.extend(f"{run.name} {r.fmt} {r.kind} {r.step} {r.skipped} {r.shape} {[x.hex() for x in r.numbers]}"
+                       for r in run._pending)
+        apply(run)
+
+    RunState._apply = applied  # type: ignore[method-assign]
+    try:
+        with contextlib.redirect_stdout(out):
+            assert cli.main(["dump", "--no-gpu", *args, str(path)]) == 0
+    finally:
+        fastpath.ENABLED, RunState._apply = saved, apply  # type: ignore[method-assign]
+    out.flush()
+    text = out.buffer.getvalue().decode()  # type: ignore[attr-defined]
+    return "\n".join([*(line for line in text.splitlines() if not _CLOCK.match(line)), *records])
+
+
+def assert_same(path: Path, *args: str) -> str:
+    fast, general = dump(path, True, *args), dump(path, False, *args)
+    if fast != general:
+        diff = [f"fast: {a}\ngeneral: {b}" for a, b in zip(fast.splitlines(), general.splitlines(), strict=False)
+                if a != b]
+        pytest.fail(f"{path.name}: the fast paths changed the exposition ({len(diff)} lines), first:\n"
+                    + "\n".join(diff[:5]))
+    return fast
+
+
+def test_the_fixtures_are_there() -> None:
+    assert len(FIXTURE_FILES) > 30 and any(p.name == "combined_unbuffered.log" for p in FIXTURE_FILES)
+
+
+@pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_every_fixture_reads_the_same_with_the_fast_paths_off(path: Path) -> None:
+    assert_same(path)
+
+
+# --- generated lines --------------------------------------------------------------------------------------
+
+KEYS = [f"actor/k{i}" for i in range(6)] + ["critic/score/mean", "timing_s/step", "perf/total_num_tokens"]
+ODD_VALUES = ["nan", "inf", "-inf", "None", "abc", "'0.5'", "1_000", "np.float64(nan)", "np.float64(x)", "",
+              "1e400", "-0.0", "0x10", "tensor(0.5)", "np.int64(3)", "True"]
+ODD_JSON = ["NaN", "Infinity", "-Infinity", "null", "true", '"0.5"', '"abc"', '{"a": 1}', "[1]", "1" * 400, "-0.0",
+            "1e400", "12345678901234567890"]
+
+
+def _number(rng: random.Random) -> float:
+    return rng.gauss(0, 1) * 10 ** rng.randrange(-4, 4)
+
+
+def _values(rng: random.Random, i: int) -> dict[str, object]:
+    """A record: usually the common shape, sometimes a key missing, moved, added or turned odd."""
+    keys = list(KEYS)
+    r = rng.random()
+    if r < 0.05:
+        del keys[rng.randrange(len(keys))]
+    elif r < 0.10:
+        keys.insert(rng.randrange(len(keys)), keys.pop(rng.randrange(len(keys))))
+    elif r < 0.15:
+        keys.insert(rng.randrange(len(keys) + 1), f"extra/k{rng.randrange(3)}")
+    vals: dict[str, object] = {k: (rng.randrange(10**6) if k == "perf/total_num_tokens" else _number(rng))
+                               for k in keys}
+    if i % 97 == 0:
+        vals.update({"val-core/acc": _number(rng), "val-aux/std": _number(rng)})  # an evaluation shape
+    if rng.random() < 0.04:
+        vals[rng.choice(keys)] = "ODD"
+    return vals
+
+
+def _steps(n: int, rng: random.Random) -> list[int]:
+    steps, step = [], 0
+    for _ in range(n):
+        step = max(0, step - rng.randrange(1, 20)) if rng.random() < 0.01 else step + 1  # sometimes back
+        steps.append(step)
+    return steps
+
+
+def verl_console(n: int, rng: random.Random) -> str:
+    out = []
+    for i, step in enumerate(_steps(n, rng)):
+        parts = []
+        for k, v in _values(rng, i).items():
+            text = rng.choice(ODD_VALUES) if v == "ODD" else repr(v)
+            wrapped = k.startswith("actor/") and v != "ODD" and i % 5
+            parts.append(f"{k}:np.float64({text})" if wrapped else f"{k}:{text}")
+        prefix = rng.choice(["(TaskRunner pid=87031) ", "(TaskRunner pid=8) ", "", "(main_task pid=1, ip=10.0.0.5) "])
+        line = prefix + f"step:{step} - " + " - ".join(parts)
+        r = rng.random()
+        if r < 0.02:
+            line = line.replace(" - ", "  -  ", 1)  # another spacing
+        elif r < 0.04:
+            line += " [repeated 3x across cluster]"
+        elif r < 0.05:
+            line = f"(TaskRunner pid=87031) step:{'9' * 20} - a:1"  # a step beyond 2**53
+        elif r < 0.06:
+            line = "(TaskRunner pid=87031) some other output: step: none here"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _json_value(v: object, rng: random.Random) -> str:
+    return rng.choice(ODD_JSON) if v == "ODD" else json.dumps(v)
+
+
+def verl_jsonl(n: int, rng: random.Random, flat: bool = False) -> str:
+    out = []
+    for i, step in enumerate(_steps(n, rng)):
+        body = ", ".join(f"{json.dumps(k)}: {_json_value(v, rng)}" for k, v in _values(rng, i).items())
+        r = rng.random()
+        step_text = json.dumps(step) if r > 0.03 else rng.choice(["-1", "1.5", "true", "null", '"7"', "1e20", "7.0"])
+        if flat:
+            key = rng.choice(["step", "step", "step", "global_step", "_step"])
+            line = f'{{"{key}": {step_text}, {body}}}' if rng.random() > 0.03 else f"{{{body}}}"
+            if rng.random() < 0.02:
+                line = f'{{"step": {step_text}, "global_step": 3, {body}}}'
+        else:
+            line = f'{{"step": {step_text}, "data": {{{body}}}}}' if rng.random() > 0.02 else f'{{"data": {{{body}}}}}'
+        if rng.random() < 0.02:
+            line = line.replace(", ", ",", 3)  # other separators
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def openrlhf(n: int, rng: random.Random) -> str:
+    out = []
+    for i, step in enumerate(_steps(n, rng)):
+        parts = []
+        for k, v in _values(rng, i).items():
+            parts.append(f"'{k}': {rng.choice(ODD_VALUES) if v == 'ODD' else repr(v)}")
+        line = f"INFO 05-12 10:{i % 60:02d}:00 ppo_trainer.py:412] \u2728 Global step {step}: {{{', '.join(parts)}}}"
+        r = rng.random()
+        if r < 0.02:
+            line = line.replace(": ", ":  ", 3)
+        elif r < 0.03:
+            line = line[: len(line) // 2]  # cut
+        elif r < 0.04:
+            line += " [repeated 2x across cluster]"
+        elif r < 0.05:
+            line = line.replace("Global step", "Global step 3: {'a': 1} Global step", 1)
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+GENERATED = {
+    "verl_console": verl_console,
+    "verl_jsonl": verl_jsonl,
+    "jsonl": lambda n, rng: verl_jsonl(n, rng, flat=True),
+    "openrlhf": openrlhf,
+}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("shape", sorted(GENERATED))
+def test_generated_lines_read_the_same_with_the_fast_paths_off(shape: str, seed: int, tmp_path: Path) -> None:
+    rng = random.Random(seed)
+    path = tmp_path / f"{shape}.log"
+    path.write_text(GENERATED[shape](3000, rng))
+    assert_same(path)
+    # the fast paths were taken: each format learned a shape
+    dump(path, True)
+    learned = {"verl_console": chain._VERL.cache.patterns, "openrlhf": pydict._OPENRLHF_FAST.cache.patterns}
+    if shape in learned:
+        assert learned[shape], f"{shape}: no shape was learned, the fast path was never taken"
+
+
+@pytest.mark.parametrize("shape", sorted(GENERATED))
+def test_mixed_with_tqdm_bars_and_a_pinned_format(shape: str, tmp_path: Path) -> None:
+    """Runs of plain lines cut by bar draws, blank lines and \\r: the framer's batches start and stop."""
+    rng = random.Random(7)
+    lines = GENERATED[shape](1500, rng).splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        out.append(line)
+        if i % 11 == 0:
+            out.append(f"Map: {i % 100:3d}%|##   | {i}/1500 [00:01<00:02, 9.9it/s]")
+        if i % 17 == 0:
+            out.append(" " * 12)
+        if i % 23 == 0:
+            out[-1] = out[-1] + "\r"
+    path = tmp_path / f"{shape}_mixed.log"
+    path.write_text("\n".join(out) + "\n")
+    assert_same(path)
+    fmt = {"verl_console": "verl", "verl_jsonl": "json", "jsonl": "json", "openrlhf": "openrlhf"}[shape]
+    assert_same(path, "--format", fmt)
+
+
+def test_the_comparison_sees_a_fast_path_that_changes_a_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check has teeth: a fast path that moves one value by one ulp, once its shape is learned (a new
+    pattern is checked against the general parser on its first line), fails it."""
+    path = tmp_path / "verl.log"
+    path.write_text(verl_console(300, random.Random(3)))
+    real = fastpath.VerlConsoleFast._record
+    calls = [0]
+
+    def off_by_one_ulp(*args: object) -> object:
+        rec = real(*args)  # type: ignore[arg-type]
+        calls[0] += 1
+        if rec is not None and calls[0] > 20:
+            rec.numbers[0] = math.nextafter(rec.numbers[0], math.inf)
+        return rec
+
+    fast_ok = dump(path, True)
+    assert fast_ok == dump(path, False)
+    monkeypatch.setattr(fastpath.VerlConsoleFast, "_record", staticmethod(off_by_one_ulp))
+    assert dump(path, True) != fast_ok
