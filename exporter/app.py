@@ -7,7 +7,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from exporter.config import Config, EarlyStopSettings, LogSpec
 from exporter.instruments.keymap import KeyMap
@@ -16,8 +16,9 @@ from exporter.parsers.chain import LineParserChain
 from exporter.parsers.record import ParseError, Record
 from exporter.pipeline import ConsoleStream, IngestStats, warn_once
 from exporter.report.live import verdict_document
+from exporter.sources.base import ChunkReader, FollowStats, Source
 from exporter.sources.detect import TENSORBOARD, TRAINER_STATE, input_kind
-from exporter.sources.files import FileFollower, FollowStats
+from exporter.sources.files import FileFollower
 from exporter.sources.kubernetes import KubernetesLogReader, KubernetesSourceError, is_kubernetes_path
 from exporter.sources.stdin import StdinReader
 from exporter.sources.tensorboard import FMT as TB_FORMAT
@@ -35,20 +36,7 @@ REDRAW_WAIT_SECONDS = 2.0
 POLL_BYTES = 4 << 20
 
 
-class Input:
-    """One log source bound to its run. `poll` reads what is new and ingests it."""
-
-    spec: LogSpec
-    follow: FollowStats
-
-    def poll(self) -> bool:
-        raise NotImplementedError
-
-    def finish(self) -> None:
-        """End of input: ingest whatever is still held."""
-
-
-class FileInput(Input):
+class FileInput(Source):
     """A followed file. A poll reads at most POLL_BYTES and keeps its place in the file's new text, so a large
     log (the whole history, after a restart) is caught up on in slices between which scrapes get the lock."""
 
@@ -58,9 +46,13 @@ class FileInput(Input):
         self.follower = FileFollower(spec.path)
         self.follow = self.follower.stats
         self._chunks: Iterator[str] | None = None  # the new text not read yet, when a poll stopped short
-        self.catching_up = False
+        self._behind = False
 
-    def poll(self) -> bool:
+    @property
+    def catching_up(self) -> bool:
+        return self._behind
+
+    def poll(self, timeout: float = 0.0) -> bool:
         if self._chunks is None:
             self._chunks = self.follower.poll()
         read = 0
@@ -68,9 +60,9 @@ class FileInput(Input):
             self.stream.feed(chunk)
             read += len(chunk)
             if read >= POLL_BYTES:
-                self.catching_up = True
+                self._behind = True
                 return True
-        self._chunks, self.catching_up = None, False
+        self._chunks, self._behind = None, False
         self.stream.settle(REDRAW_WAIT_SECONDS)
         return read > 0
 
@@ -78,41 +70,38 @@ class FileInput(Input):
         self.stream.finish()
 
 
-class ChunkReader(Protocol):
-    closed: bool
+class StreamInput(Source):
+    """A stream handed out in chunks (a ChunkReader): standard input, the trainer child, a pod's log, the demo."""
 
-    def poll(self, timeout: float = 0.0) -> list[str]: ...
-
-
-class ReaderInput(Input):
-    """A stream handed out in chunks: standard input (a reader thread) or the demo's replay."""
-
-    def __init__(self, spec: LogSpec, stream: ConsoleStream, reader: ChunkReader | None = None) -> None:
+    def __init__(self, spec: LogSpec, stream: ConsoleStream, reader: ChunkReader) -> None:
         self.spec = spec
         self.stream = stream
-        self.reader = reader or StdinReader()
-        self.follow = FollowStats(up=True)
+        self.reader = reader
+        self.follow = reader.stats  # the reader counts its bytes (undecoded) and its own health
         self._finished = False
 
     def poll(self, timeout: float = 0.0) -> bool:
         chunks = self.reader.poll(timeout)
         for c in chunks:
             self.stream.feed(c)
-            self.follow.bytes_read += len(c)
-        if self.reader.closed and not self._finished:
-            self._finished = True
-            self.follow.up = False
-            self.stream.finish()  # the trainer is gone: nothing more will complete a held line
+        if self.reader.closed:
+            self.finish()  # the writer is gone: nothing more will complete a held line
         else:
             self.stream.settle(REDRAW_WAIT_SECONDS)
         return bool(chunks)
 
+    def finish(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self.follow.up = False
+            self.stream.finish()
+
     @property
-    def closed(self) -> bool:
+    def drained(self) -> bool:
         return self.reader.closed
 
 
-class TrainerStateInput(Input):
+class TrainerStateInput(Source):
     def __init__(self, spec: LogSpec, run: RunState, stats: IngestStats) -> None:
         self.spec = spec
         self.run = run
@@ -120,7 +109,7 @@ class TrainerStateInput(Input):
         self.reader = TrainerStateReader(spec.path)
         self.follow = FollowStats()
 
-    def poll(self) -> bool:
+    def poll(self, timeout: float = 0.0) -> bool:
         try:
             records = self.reader.poll()
         except ParseError as e:
@@ -142,7 +131,7 @@ class TrainerStateInput(Input):
                   "ones are only counted in posttrain_exporter_parse_errors_total", self.spec.path, reason)
 
 
-class TensorBoardInput(Input):
+class TensorBoardInput(Source):
     """A Trainer's TensorBoard event files: scalars with their exact steps. The writer flushes every couple of
     minutes, so a step's scalars are ingested once a later step appears or the files stop growing."""
 
@@ -153,7 +142,7 @@ class TensorBoardInput(Input):
         self.reader = TensorBoardReader(spec.path)
         self.follow = FollowStats()
 
-    def poll(self) -> bool:
+    def poll(self, timeout: float = 0.0) -> bool:
         records = self.reader.poll()
         if not self.reader.grew:
             records += self.reader.finish()
@@ -176,14 +165,14 @@ class TensorBoardInput(Input):
             self.run.ingest(rec)
 
 
-class PendingInput(Input):
+class PendingInput(Source):
     """A path that cannot say yet what it is (not there yet, or a folder holding neither checkpoints nor event
     files): its reader is chosen at the first poll that finds out (sources/detect.py)."""
 
-    def __init__(self, spec: LogSpec, choose: Callable[[LogSpec], Input | None]) -> None:
+    def __init__(self, spec: LogSpec, choose: Callable[[LogSpec], Source | None]) -> None:
         self.spec = spec
         self._choose = choose
-        self._chosen: Input | None = None
+        self._chosen: Source | None = None
         self._waiting = FollowStats()
 
     @property
@@ -192,14 +181,18 @@ class PendingInput(Input):
 
     @property
     def catching_up(self) -> bool:
-        return bool(getattr(self._chosen, "catching_up", False))
+        return self._chosen is not None and self._chosen.catching_up
 
-    def poll(self) -> bool:
+    @property
+    def drained(self) -> bool:
+        return self._chosen is None or self._chosen.drained
+
+    def poll(self, timeout: float = 0.0) -> bool:
         if self._chosen is None:
             self._chosen = self._choose(self.spec)
             if self._chosen is None:
                 return False
-        return self._chosen.poll()
+        return self._chosen.poll(timeout)
 
     def finish(self) -> None:
         if self._chosen is not None:
@@ -213,7 +206,9 @@ class Exporter:
         self.keymap = KeyMap(cfg.aliases)
         self.runs: dict[str, RunState] = {}
         self.stats: dict[str, IngestStats] = {}
-        self.inputs: list[Input] = [self._input(s) for s in specs]
+        self.inputs: list[Source] = []
+        for spec in specs:
+            self.add_input(spec)
         self.heartbeat = time.monotonic()
         self.stop_signal: StopSignal | None = None  # config early_stop: set by serve and run
 
@@ -225,11 +220,27 @@ class Exporter:
             self.stats[name] = IngestStats()
         return self.runs[name]
 
-    def _input(self, spec: LogSpec) -> Input:
+    def add_input(self, spec: LogSpec, reader: ChunkReader | None = None, *, first: bool = False) -> Source:
+        """Reads `spec` from now on: its path's source, or `reader` (a stream the caller made: the trainer child,
+        the demo's replay). `first`: polled before the others (the trainer's own output). Call it under the lock
+        once the loop runs."""
         self.run_state(spec.run)  # the run is there (and scraped) before its log is
-        return self._reader(spec) or PendingInput(spec, self._reader)
+        if reader is not None:
+            source: Source = StreamInput(spec, self._console(spec), reader)
+        else:
+            source = self._reader(spec) or PendingInput(spec, self._reader)
+        if first:
+            self.inputs.insert(0, source)
+        else:
+            self.inputs.append(source)
+        return source
 
-    def _reader(self, spec: LogSpec) -> Input | None:
+    def _console(self, spec: LogSpec) -> ConsoleStream:
+        """The path from text to the run for a console log: framing, the parsers the format allows, steps."""
+        return ConsoleStream(self.run_state(spec.run), self.stats[spec.run],
+                             LineParserChain(spec.format, self.cfg.formats), self.cfg.max_line_length)
+
+    def _reader(self, spec: LogSpec) -> Source | None:
         """The input reading `spec` as what its path holds, or None while that cannot be told."""
         if is_kubernetes_path(spec.path):  # a container's log through the Kubernetes API: a console stream
             return self._kubernetes(spec)
@@ -241,19 +252,15 @@ class Exporter:
             return TrainerStateInput(spec, run, stats)
         if kind == TENSORBOARD:
             return TensorBoardInput(spec, run, stats)
-        stream = ConsoleStream(run, stats, LineParserChain(spec.format, self.cfg.formats), self.cfg.max_line_length)
-        return ReaderInput(spec, stream) if spec.path == "-" else FileInput(spec, stream)
+        if spec.path == "-":
+            return StreamInput(spec, self._console(spec), StdinReader())
+        return FileInput(spec, self._console(spec))
 
-    def _kubernetes(self, spec: LogSpec) -> Input:
+    def _kubernetes(self, spec: LogSpec) -> Source:
         """k8s://: bad paths, a missing POD_NAMESPACE/POD_NAME, package or credentials stop the start here."""
         if spec.format in (TRAINER_STATE, TENSORBOARD):
             raise KubernetesSourceError(f"{spec.path}: a container's log is console text, not {spec.format}")
-        reader = KubernetesLogReader.from_path(spec.path)
-        stream = ConsoleStream(self.run_state(spec.run), self.stats[spec.run],
-                               LineParserChain(spec.format, self.cfg.formats), self.cfg.max_line_length)
-        inp = ReaderInput(spec, stream, reader=reader)
-        inp.follow = reader.stats  # up, reconnects (resumed) and read_errors, as files count theirs
-        return inp
+        return StreamInput(spec, self._console(spec), KubernetesLogReader.from_path(spec.path))
 
     def poll_once(self) -> bool:
         """One slice of every input, each under the lock on its own (scrapes get in between)."""
@@ -284,19 +291,15 @@ class Exporter:
     @property
     def catching_up(self) -> bool:
         """Some input has more text waiting than one poll reads: the exporter is reading a log's history."""
-        return any(getattr(inp, "catching_up", False) for inp in self.inputs)
+        return any(inp.catching_up for inp in self.inputs)
 
     def read_to_end(self) -> None:
         """`dump`: every input to its end, then everything held is ingested."""
         for inp in self.inputs:
-            if isinstance(inp, ReaderInput):
-                while not inp.closed:
-                    inp.poll(timeout=0.5)
-            else:
-                inp.poll()
-                while getattr(inp, "catching_up", False):
-                    inp.poll()
-                inp.finish()
+            inp.poll(timeout=0.5)
+            while not inp.drained:
+                inp.poll(timeout=0.5)
+            inp.finish()
         for run in self.runs.values():
             run.refresh()
 
@@ -316,7 +319,7 @@ class Exporter:
                 observer.stop()
 
 
-def _watch(inputs: list[Input], wake: threading.Event):
+def _watch(inputs: list[Source], wake: threading.Event):
     """File-system events wake the loop early; polling at poll_interval stays as the fallback."""
     dirs = {os.path.dirname(os.path.abspath(i.spec.path)) for i in inputs if i.spec.path != "-"}
     dirs = {d for d in dirs if os.path.isdir(d)}

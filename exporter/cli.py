@@ -22,15 +22,14 @@ from prometheus_client.process_collector import ProcessCollector
 
 from exporter import __version__
 from exporter.alerting.rules import RUNBOOK_BASE
-from exporter.app import Exporter, ReaderInput
+from exporter.app import Exporter
 from exporter.config import DEFAULT_LISTEN, Config, ConfigError, LogSpec, default_run_name, load_config
 from exporter.config import parse_listen_address as _parse_listen
 from exporter.exposition.collector import ExporterCollector
 from exporter.exposition.server import build_app, serve_http
 from exporter.exposition.webconfig import WebConfig, load_web_config
 from exporter.gpu import GpuCollector, GpuSampler, SamplerConfig
-from exporter.parsers.chain import BUILTIN_FORMATS, FILE_FORMATS, LineParserChain
-from exporter.pipeline import ConsoleStream
+from exporter.parsers.chain import BUILTIN_FORMATS, FILE_FORMATS
 from exporter.report.command import FAIL_ON, run_report
 from exporter.report.command import FORMATS as REPORT_FORMATS
 from exporter.sources.child import FORWARDED_SIGNALS, ChildOutput, run_child
@@ -431,11 +430,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     web = _web(args)
     specs = _specs(cfg, args.logs, args.run, args.format)
-    exporter = Exporter(cfg, specs)
+    exporter = Exporter(cfg, [])
+    for spec in specs:  # standard input is copied to standard output: the pod log stays whole
+        exporter.add_input(spec, StdinReader(tee_fd=sys.stdout.fileno()) if spec.path == "-" else None)
     exporter.stop_signal = _stop_signal(cfg)
-    for inp in exporter.inputs:  # standard input is copied to standard output: the pod log stays whole
-        if isinstance(inp, ReaderInput) and inp.spec.path == "-":
-            inp.reader = StdinReader(tee_fd=sys.stdout.fileno())
     listen = args.listen_address or cfg.listen_address
     _parse_listen(listen)
     return _serve(exporter, listen, _resilient(exporter.follow_forever), _gpu_sampler(cfg, args.no_gpu), web)
@@ -480,9 +478,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _parse_listen(listen)
     exporter = Exporter(cfg, specs[1:])
     exporter.stop_signal = _stop_signal(cfg)
-    run = exporter.run_state(child_spec.run)
-    stream = ConsoleStream(run, exporter.stats[child_spec.run], LineParserChain(child_spec.format, cfg.formats),
-                           cfg.max_line_length)
+    exporter.run_state(child_spec.run)  # scraped from the start, before the trainer is
 
     def loop(stop: threading.Event) -> int:
         try:  # started once the address is bound: a port taken or a bad web config never starts the trainer
@@ -490,7 +486,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         except OSError as e:
             raise UsageError(f"cannot start {args.child[0]}: {e.strerror or e}") from None
         with exporter.lock:
-            exporter.inputs.insert(0, ReaderInput(child_spec, stream, reader=child))
+            exporter.add_input(child_spec, child, first=True)
         log.info("run: trainer started (pid %d), its output read as run %s", child.pid, child_spec.run)
         for sig in FORWARDED_SIGNALS:
             signal.signal(sig, lambda signum, _frame: (child.forward(signum), stop.set()))
@@ -505,11 +501,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cfg = Config(poll_interval_seconds=0.1)
     web = _web(args)
     exporter = Exporter(cfg, [])
-    spec = LogSpec("bundled:grpo_demo.log", "demo-grpo")
-    run = exporter.run_state(spec.run)
-    stream = ConsoleStream(run, exporter.stats[spec.run], LineParserChain())
     reader = ReplayReader(demo_log_text(), args.steps_per_second, loop=not args.once)
-    exporter.inputs.append(ReaderInput(spec, stream, reader=reader))
+    exporter.add_input(LogSpec("bundled:grpo_demo.log", "demo-grpo"), reader)
     log.info("demo: replaying a real TRL GRPO log (300 steps) at %.3g steps/s on http://%s/metrics",
              args.steps_per_second, args.listen_address)
 

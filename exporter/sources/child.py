@@ -9,8 +9,8 @@ parsing falls more than MAX_PENDING_BYTES behind, chunks are dropped for parsing
 else: the child's pipes are always drained, so the trainer never blocks or dies on a broken pipe because
 of the exporter.
 
-`ChildOutput` is a ChunkReader (exporter/app.py): `closed` and `poll(timeout) -> list[str]`, so it plugs
-into ReaderInput like standard input does."""
+`ChildOutput` is a ChunkReader (exporter/sources/base.py): `closed` and `poll(timeout) -> list[str]`, so it plugs
+into the exporter (`Exporter.add_input`) as standard input does."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
+
+from exporter.sources.base import FollowStats
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +122,7 @@ class ChildOutput:
         # Its own process group: a terminal's Ctrl-C reaches the exporter alone, which forwards it once.
         self.proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
                                      process_group=0)
-        self.bytes_read = 0
+        self.stats = FollowStats(up=True)
         self.text = PendingText("the trainer's output", max_pending)
         assert self.proc.stdout is not None and self.proc.stderr is not None
         self._outs = {self.proc.stdout.fileno(): PassThrough(stdout_fd, "stdout"),
@@ -151,11 +153,15 @@ class ChildOutput:
                         self.text.put(self._decoders[fd].decode(b"", final=True))
                         continue
                     self._outs[fd].write(data)  # first the log, whatever parsing does
-                    self.bytes_read += len(data)
+                    self.stats.bytes_read += len(data)
                     self.text.put(self._decoders[fd].decode(data))
         finally:
             sel.close()
             self.text.end()
+
+    @property
+    def bytes_read(self) -> int:
+        return self.stats.bytes_read
 
     @property
     def closed(self) -> bool:

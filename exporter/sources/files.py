@@ -20,21 +20,13 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from exporter.sources.base import FollowStats
+
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 1 << 20
 FINGERPRINT_BYTES = 4096
 REMEMBERED_FILES = 16  # files let go whose offsets are kept, most recent first to stay
-
-
-@dataclass
-class FollowStats:
-    up: bool = False  # the file exists and could be read at the last poll
-    rotations: int = 0  # another file took the path (rename, delete and recreate): read from its start
-    truncations: int = 0  # the file shrank or its start was rewritten (copytruncate): read again from its start
-    resumed: int = 0  # a file read before came back (moved back, after a read error): read on from its offset
-    read_errors: int = 0
-    bytes_read: int = 0
 
 
 @dataclass

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.config import ConfigError
-from exporter.sources.files import FollowStats
+from exporter.sources.base import FollowStats
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ class Timing:
 
 
 class KubernetesLogReader:
-    """A ChunkReader (exporter/app.py): a thread follows the container's log and queues its text; `poll` hands
+    """A ChunkReader (exporter/sources/base.py): a thread follows the container's log and queues its text; `poll` hands
     it to the ingest loop; `closed` once the container terminated for good and its log was read to the end."""
 
     def __init__(self, ref: ContainerRef, api: Any, timing: Timing | None = None) -> None:
@@ -415,6 +415,7 @@ class KubernetesLogReader:
                 if self._stop.is_set():
                     break
                 if data:
+                    self.stats.bytes_read += len(data)  # as sent, timestamps and re-sent lines included
                     self._put(self.lines.feed(data))
         except Exception as e:
             if _is_read_timeout(e):

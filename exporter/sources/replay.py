@@ -6,6 +6,8 @@ import re
 import time
 from importlib import resources
 
+from exporter.sources.base import FollowStats
+
 DEMO_LOG = "grpo_demo.log"
 _RECORD_START = re.compile(r"(?<=[\r\n])(?=\{')")
 
@@ -23,6 +25,7 @@ class ReplayReader:
     def __init__(self, text: str, rate: float, loop: bool = True, clock=time.monotonic) -> None:
         starts = [0, *(m.start() for m in _RECORD_START.finditer(text))]
         self._pieces = [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)], strict=True) if b > a]
+        self._sizes = [len(p.encode("utf-8")) for p in self._pieces]
         self._rate = rate
         self._loop = loop
         self._clock = clock
@@ -30,6 +33,7 @@ class ReplayReader:
         self._sent = 0
         self.passes = 0
         self.closed = False
+        self.stats = FollowStats(up=True)
 
     def poll(self, timeout: float = 0.0) -> list[str]:
         due = int((self._clock() - self._t0) * self._rate) + 1
@@ -42,5 +46,6 @@ class ReplayReader:
                     self.closed = True
                     break
             out.append(self._pieces[i])
+            self.stats.bytes_read += self._sizes[i]
             self._sent += 1
         return out

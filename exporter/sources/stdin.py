@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 
+from exporter.sources.base import FollowStats
 from exporter.sources.child import MAX_PENDING_BYTES, PassThrough, PendingText
 
 log = logging.getLogger(__name__)
@@ -22,7 +23,7 @@ class StdinReader:
         self.tee = PassThrough(tee_fd, "stdout")
         self.text = PendingText("standard input", max_pending)
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self.bytes_read = 0
+        self.stats = FollowStats(up=True)
         self._thread: threading.Thread | None = None
 
     def start(self) -> StdinReader:
@@ -43,7 +44,7 @@ class StdinReader:
                 self.text.end()
                 return
             self.tee.write(data)
-            self.bytes_read += len(data)
+            self.stats.bytes_read += len(data)
             self.text.put(self._decoder.decode(data))
 
     def poll(self, timeout: float = 0.0) -> list[str]:

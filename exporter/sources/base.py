@@ -1,0 +1,68 @@
+"""What every log source is to the exporter, whatever it reads.
+
+Two levels, as mtail separates its log streams from the loop that drives them:
+- a `ChunkReader` is a stream of text handed out in chunks (standard input, the trainer child, the demo's
+  replay, a pod's log through the Kubernetes API); files, trainer_state.json and TensorBoard folders have
+  readers of their own shape (they are polled, not streamed);
+- a `Source` is one log bound to its run: the exporter's loop calls `poll` and `finish` on it, and the
+  collector reads its `follow` counters. app.py builds the right Source for a path (`Exporter.add_input`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from exporter.config import LogSpec
+
+
+@dataclass
+class FollowStats:
+    """A source's own health, exported per log (posttrain_exporter_source_*)."""
+
+    up: bool = False  # the source could be read at the last poll (a stream: it is open)
+    rotations: int = 0  # another file took the path (rename, delete and recreate): read from its start
+    truncations: int = 0  # the file shrank or its start was rewritten (copytruncate): read again from its start
+    resumed: int = 0  # read on after an interruption (a file that came back, a pod log's stream reopened)
+    read_errors: int = 0
+    bytes_read: int = 0  # bytes, as read from the file, pipe or connection (not characters after decoding)
+
+
+class ChunkReader(Protocol):
+    """A stream of text handed out in chunks. It counts its own bytes in `stats` (it alone sees them undecoded)."""
+
+    stats: FollowStats
+
+    @property
+    def closed(self) -> bool:
+        """True once the stream ended and everything it held was handed out."""
+        ...
+
+    def poll(self, timeout: float = 0.0) -> list[str]:
+        """The text waiting now, waiting up to `timeout` seconds for the first piece."""
+        ...
+
+
+class Source:
+    """One log bound to its run, driven by the exporter's loop."""
+
+    spec: LogSpec
+    follow: FollowStats
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        """Reads what is new (a stream waits up to `timeout` for it) and ingests it; True when something came."""
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """End of input: ingest whatever is still held (a line without its newline, a record waiting for its bar)."""
+
+    @property
+    def catching_up(self) -> bool:
+        """More is waiting than one poll reads (a log's history after a start): poll again at once."""
+        return False
+
+    @property
+    def drained(self) -> bool:
+        """Everything there is now has been read: `dump` stops polling here (a stream: once it has ended)."""
+        return not self.catching_up

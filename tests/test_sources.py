@@ -1,0 +1,59 @@
+"""One Source interface for every input (exporter/sources/base.py), and `Exporter.add_input`."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from conftest import TRL
+
+from exporter.app import Exporter
+from exporter.config import Config, LogSpec
+from exporter.sources.base import Source
+from exporter.sources.replay import ReplayReader
+from exporter.sources.stdin import StdinReader
+
+GRPO = TRL / "grpo" / "combined.log"
+
+
+def _steps(ex: Exporter, run: str) -> int:
+    return ex.runs[run].step
+
+
+def test_every_input_is_a_source_with_one_poll_signature(tmp_path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("{'loss': 1.0, 'epoch': 0.1}\n")
+    state = tmp_path / "trainer_state.json"
+    state.write_text('{"log_history": [{"loss": 1.0, "step": 1}]}')
+    r, w = os.pipe()
+    os.close(w)
+    ex = Exporter(Config(), [LogSpec(str(log), "a"), LogSpec(str(state), "b"), LogSpec(str(tmp_path / "later"), "c")])
+    ex.add_input(LogSpec("-", "d"), StdinReader(fd=r))
+    assert len(ex.inputs) == 4
+    for inp in ex.inputs:
+        assert isinstance(inp, Source)
+        inp.poll(timeout=0.0)  # the same call for a file, a trainer_state, a path not there yet and a stream
+    ex.read_to_end()
+    assert ex.runs["a"].records["train"] == 1 and ex.runs["b"].records["train"] == 1
+
+
+def test_standard_input_counts_bytes_once_as_bytes() -> None:
+    """The stream's own reader counts what it read, undecoded: a multi-byte character is its bytes, not one."""
+    text = "{'loss': 1.0, 'epoch': 0.1, 'note': 'é€'}\n".encode() * 3
+    r, w = os.pipe()
+    threading.Thread(target=lambda: (os.write(w, text), os.close(w)), daemon=True).start()
+    ex = Exporter(Config(), [])
+    src = ex.add_input(LogSpec("-", "stdin"), StdinReader(fd=r))
+    ex.read_to_end()
+    assert src.follow.bytes_read == len(text) and not src.follow.up
+    assert ex.runs["stdin"].records["train"] == 3
+
+
+def test_a_stream_added_first_is_polled_first_and_read_to_its_end() -> None:
+    ex = Exporter(Config(), [LogSpec(str(GRPO), "file")])
+    replay = ReplayReader(GRPO.read_text(), rate=1e9, loop=False)
+    src = ex.add_input(LogSpec("bundled", "replayed"), replay, first=True)
+    assert ex.inputs[0] is src
+    ex.read_to_end()
+    assert src.drained and _steps(ex, "replayed") == _steps(ex, "file") > 0
+    assert src.follow.bytes_read == len(GRPO.read_text().encode())
