@@ -213,18 +213,18 @@ class ExporterCollector(Collector):
             for outcome in ("written", "failed"):
                 stops.add_metric([name, outcome], signal.writes[name, outcome] if signal is not None else 0)
         up = GaugeMetricFamily(p + "source_up", "1 when the log source exists and could be read at the last "
-                               "poll.", labels=["run", "path"])
+                               "poll (a stream: while it is open).", labels=["run", "path"])
         rotations = CounterMetricFamily(p + "source_rotations", "Log files replaced under the same path "
                                         "(rename or delete and recreate).", labels=["run", "path"])
         truncations = CounterMetricFamily(p + "source_truncations", "Log files that shrank or whose start was "
                                           "rewritten (copytruncate) and were read again from the start.",
                                           labels=["run", "path"])
-        resumed = CounterMetricFamily(p + "source_resumed", "Log files that came back (moved away and back, put "
-                                      "back as a copy, after a read error) and were read on from where they "
-                                      "were, not again from the start.", labels=["run", "path"])
+        resumed = CounterMetricFamily(p + "source_resumed", "Times a log source was read on after an interruption, "
+                                      "not again from its start: a file that came back (moved away and back, put "
+                                      "back as a copy, after a read error), a pod log's stream opened again.", labels=["run", "path"])
         read_errors = CounterMetricFamily(p + "source_read_errors", "Failed reads of a log source.",
                                           labels=["run", "path"])
-        read_bytes = CounterMetricFamily(p + "source_read_bytes", "Bytes read from a log source.",
+        read_bytes = CounterMetricFamily(p + "source_read_bytes", "Bytes read from a log source, as read (before decoding).",
                                          labels=["run", "path"])
         for inp in ex.inputs:
             lv = [inp.spec.run, inp.spec.path]
