@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from exporter.config import Config, EarlyStopSettings, LogSpec
 from exporter.instruments.keymap import KeyMap
-from exporter.instruments.run import RunLimits, RunState
+from exporter.instruments.run import RunState
 from exporter.parsers.chain import LineParserChain
 from exporter.parsers.record import ParseError, Record
 from exporter.pipeline import ConsoleStream, IngestStats, warn_once
@@ -214,9 +214,7 @@ class Exporter:
 
     def run_state(self, name: str) -> RunState:
         if name not in self.runs:
-            limits = RunLimits(max_keys=self.cfg.max_keys, history_limit=self.cfg.history_limit,
-                               max_key_length=self.cfg.max_key_length)
-            self.runs[name] = RunState(name, self.keymap, limits, self.cfg.derived)
+            self.runs[name] = RunState(name, self.keymap, self.cfg.limits, self.cfg.derived)
             self.stats[name] = IngestStats()
         return self.runs[name]
 
@@ -238,7 +236,7 @@ class Exporter:
     def _console(self, spec: LogSpec) -> ConsoleStream:
         """The path from text to the run for a console log: framing, the parsers the format allows, steps."""
         return ConsoleStream(self.run_state(spec.run), self.stats[spec.run],
-                             LineParserChain(spec.format, self.cfg.formats), self.cfg.max_line_length)
+                             LineParserChain(spec.format, self.cfg.formats), self.cfg.limits.max_line_length)
 
     def _reader(self, spec: LogSpec) -> Source | None:
         """The input reading `spec` as what its path holds, or None while that cannot be told."""

@@ -28,8 +28,8 @@ from exporter.config import parse_listen_address as _parse_listen
 from exporter.exposition.collector import ExporterCollector
 from exporter.exposition.server import build_app, serve_http
 from exporter.exposition.webconfig import WebConfig, load_web_config
-from exporter.gpu import GpuCollector, GpuSampler, SamplerConfig
-from exporter.parsers.chain import BUILTIN_FORMATS, FILE_FORMATS
+from exporter.gpu import GpuCollector, GpuSampler
+from exporter.parsers.chain import known_formats
 from exporter.report.command import FAIL_ON, run_report
 from exporter.report.command import FORMATS as REPORT_FORMATS
 from exporter.sources.child import FORWARDED_SIGNALS, ChildOutput, run_child
@@ -182,7 +182,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     _log_options(p, top=True)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    formats = sorted(["auto", *BUILTIN_FORMATS, *FILE_FORMATS])
+    formats = known_formats()
 
     s = sub.add_parser("serve", help="follow trainer logs and serve /metrics (the sidecar)")
     s.add_argument("--log", dest="logs", action="append", default=[], metavar="PATH",
@@ -260,9 +260,9 @@ _LABEL_VALUE = re.compile(r"^[^\s{}]+$")  # as the config's run labels
 def _specs(cfg: Config, paths: list[str], run: str | None, fmt: str, *, child: LogSpec | None = None) -> list[LogSpec]:
     """The logs to read: the config's, then those of --log. With `child` (the `run` command: the trainer's
     output, first, under its own name) no log is needed and standard input is not one."""
-    known = {"auto", *BUILTIN_FORMATS, *FILE_FORMATS, *(f.name for f in cfg.formats)}
+    known = known_formats(cfg.formats)
     if fmt not in known:
-        raise UsageError(f"--format: unknown format {fmt!r} (known: {', '.join(sorted(known))})")
+        raise UsageError(f"--format: unknown format {fmt!r} (known: {', '.join(known)})")
     _check_run_label(run)
     specs = [child] if child else []
     explicit = [True] if child else []
@@ -352,8 +352,7 @@ def _registry(exporter: Exporter, with_process: bool, gpu: GpuSampler | None = N
 def _gpu_sampler(cfg: Config, disabled: bool) -> GpuSampler | None:
     if disabled or not cfg.gpu.enabled:
         return None
-    return GpuSampler(config=SamplerConfig(interval_seconds=cfg.gpu.interval_seconds,
-                                           visible_devices=cfg.gpu.visible_devices))
+    return GpuSampler(config=cfg.gpu.sampler)
 
 
 def _readable(specs: list[LogSpec]) -> None:

@@ -4,6 +4,7 @@ Validated at start; every error names the field to fix (`logs[0].format: ...`)."
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
@@ -12,9 +13,11 @@ from typing import Any
 import yaml
 
 from exporter.detectors.catalog import BY_NAME as DETECTORS
+from exporter.gpu.sampler import SamplerConfig
 from exporter.instruments.keymap import INSTRUMENTS
+from exporter.instruments.run import RunLimits
 from exporter.instruments.settings import THRESHOLD_NAMES, DerivedSettings, DetectorSettings, Thresholds, WindowSpec
-from exporter.parsers.chain import BUILTIN_FORMATS, FILE_FORMATS
+from exporter.parsers.chain import known_formats
 from exporter.parsers.userregex import RegexFormat
 
 DEFAULT_PORT = 9847
@@ -29,9 +32,10 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class GpuSettings:
+    """The config's `gpu`: whether to sample, and the sampler's own settings (gpu/sampler.py owns their defaults)."""
+
     enabled: bool = True  # NVML absent is not an error: posttrain_gpu_nvml_up says 0
-    interval_seconds: float = 1.0
-    visible_devices: str | None = None  # default: CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
 
 
 @dataclass(frozen=True)
@@ -64,10 +68,7 @@ class Config:
     poll_interval_seconds: float = 1.0
     formats: list[RegexFormat] = field(default_factory=list)
     aliases: dict[str, tuple[str, str | None]] = field(default_factory=dict)
-    max_keys: int = 500
-    history_limit: int = 2048
-    max_key_length: int = 128
-    max_line_length: int = 1 << 20
+    limits: RunLimits = field(default_factory=RunLimits)
     run: str | None = None  # default run label
     derived: DerivedSettings = field(default_factory=DerivedSettings)
     gpu: GpuSettings = field(default_factory=lambda: GpuSettings())
@@ -123,8 +124,7 @@ BASELINE_INPUTS = {"completion_length", "completion_length_std", "entropy", "rew
 
 def parse_config(raw: Any) -> Config:
     _expect(isinstance(raw, dict), "config", "must be a mapping of settings")
-    unknown = sorted(set(raw) - KNOWN_KEYS)
-    _expect(not unknown, unknown[0] if unknown else "", f"unknown setting (known: {', '.join(sorted(KNOWN_KEYS))})")
+    _only_known(raw, KNOWN_KEYS, "")
     cfg = Config()
     if "run" in raw:
         _expect(isinstance(raw["run"], str) and bool(raw["run"]), "run", "must be a non-empty string")
@@ -133,26 +133,43 @@ def parse_config(raw: Any) -> Config:
         cfg.listen_address = parse_listen_address(str(raw["listen_address"]), "listen_address")[2]
     cfg.poll_interval_seconds = _number(raw, "poll_interval_seconds", 1.0)
     cfg.formats = _formats(raw.get("formats", []))
-    names = set(BUILTIN_FORMATS) | FILE_FORMATS | {"auto"} | {f.name for f in cfg.formats}
-    cfg.logs = _logs(raw.get("logs", []), names, cfg.run)
+    cfg.logs = _logs(raw.get("logs", []), set(known_formats(cfg.formats)), cfg.run)
     cfg.aliases = _aliases(raw.get("aliases", {}))
-    limits = _section(raw, "limits", {"max_keys", "history_limit", "max_key_length", "max_line_length"})
-    cfg.max_keys = _number(limits, "max_keys", 500, integer=True, section="limits")
-    cfg.history_limit = _number(limits, "history_limit", 2048, integer=True, minimum=1, section="limits")
-    cfg.max_key_length = _number(limits, "max_key_length", 128, integer=True, section="limits")
-    # Below a few KiB a limit would drop the metric lines themselves (a GRPO line is about 1,500 characters).
-    cfg.max_line_length = _number(limits, "max_line_length", 1 << 20, integer=True, minimum=4095, section="limits")
+    cfg.limits = _into(RunLimits(), _section(raw, "limits", _names(RunLimits)), "limits")
     cfg.derived = _derived(raw)
-    gpu = _section(raw, "gpu", {"enabled", "interval_seconds", "visible_devices"})
-    enabled = gpu.get("enabled", True)
-    _expect(isinstance(enabled, bool), "gpu.enabled", f"must be true or false, got {enabled!r}")
-    devices = gpu.get("visible_devices")
-    _expect(devices is None or isinstance(devices, str | int), "gpu.visible_devices",
-            "must be a string like '0,1' or 'GPU-<uuid>'")
-    cfg.gpu = GpuSettings(enabled, _number(gpu, "interval_seconds", 1.0, section="gpu"),
-                          None if devices is None else str(devices))
+    cfg.gpu = _gpu(raw)
     cfg.early_stop = _early_stop(raw)
     return cfg
+
+
+def _gpu(raw: dict) -> GpuSettings:
+    """gpu: {enabled, interval_seconds, visible_devices}; the rest of the sampler's settings keep their defaults."""
+    sec = _section(raw, "gpu", {"enabled", "interval_seconds", "visible_devices"})
+    enabled = sec.get("enabled", True)
+    _expect(isinstance(enabled, bool), "gpu.enabled", f"must be true or false, got {enabled!r}")
+    devices = sec.get("visible_devices")
+    _expect(devices is None or isinstance(devices, str | int), "gpu.visible_devices",
+            "must be a string like '0,1' or 'GPU-<uuid>'")
+    sampler = _into(SamplerConfig(), {k: sec[k] for k in sec if k == "interval_seconds"}, "gpu")
+    if devices is not None:
+        sampler = dataclasses.replace(sampler, visible_devices=str(devices))
+    return GpuSettings(enabled, sampler)
+
+
+def _names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _into(defaults: Any, sec: dict, where: str) -> Any:
+    """`defaults` (a settings dataclass of the subsystem that owns it) with the numbers `sec` gives: each checked
+    against the type of its default, and above the field's `minimum` metadata (exclusive; 0 when absent)."""
+    given = {}
+    for f in dataclasses.fields(defaults):
+        if f.name in sec:
+            default = getattr(defaults, f.name)
+            given[f.name] = _number(sec, f.name, default, integer=isinstance(default, int),
+                                    minimum=f.metadata.get("minimum", 0), section=where)
+    return dataclasses.replace(defaults, **given)
 
 
 def _early_stop(raw: dict) -> EarlyStopSettings:
@@ -184,16 +201,21 @@ def _section(raw: dict, name: str, known: set[str], where: str | None = None) ->
     where = where or name
     sec = raw.get(name, {})
     _expect(isinstance(sec, dict), where, "must be a mapping")
-    unknown = sorted(set(sec) - known)
-    known_list = ", ".join(sorted(known))
-    _expect(not unknown, f"{where}.{unknown[0]}" if unknown else "", f"unknown setting (known: {known_list})")
+    _only_known(sec, known, where)
     return sec
+
+
+def _only_known(mapping: dict, known: set[str], where: str) -> None:
+    """The one way an unknown key is refused: named with its place, and the keys that would be known there."""
+    unknown = sorted(set(mapping) - known, key=str)
+    if unknown:
+        key = f"{where}.{unknown[0]}" if where else str(unknown[0])
+        raise ConfigError(f"{key}: unknown setting (known: {', '.join(sorted(known))})")
 
 
 def _window(raw: dict, where: str, base: WindowSpec) -> WindowSpec:
     _expect(isinstance(raw, dict), where, "must be a mapping of size and min_points")
-    unknown = sorted(set(raw) - {"size", "min_points", "per_instrument"})
-    _expect(not unknown, f"{where}.{unknown[0]}" if unknown else "", "unknown setting (known: size, min_points)")
+    _only_known(raw, {"size", "min_points"} | ({"per_instrument"} if where == "windows" else set()), where)
     size = _number(raw, "size", base.size, integer=True, minimum=1, section=where)
     min_points = _number(raw, "min_points", base.min_points, integer=True, minimum=1, section=where)
     _expect(min_points <= size, f"{where}.min_points", f"must not exceed size ({size}), got {min_points}")
@@ -255,7 +277,7 @@ def _formats(raw: Any) -> list[RegexFormat]:
         where = f"formats[{i}]"
         _expect(isinstance(f, dict) and {"name", "pattern"} <= set(f), where, "needs `name` and `pattern`")
         name, pattern = f["name"], f["pattern"]
-        _expect(isinstance(name, str) and name not in BUILTIN_FORMATS and name not in ("auto", "trainer_state"),
+        _expect(isinstance(name, str) and name not in known_formats(),
                 f"{where}.name", f"{name!r} is not a free format name")
         try:
             rx = re.compile(str(pattern))
@@ -276,8 +298,7 @@ def _logs(raw: Any, formats: set[str], default_run: str | None) -> list[LogSpec]
         if isinstance(entry, str):
             entry = {"path": entry}
         _expect(isinstance(entry, dict) and isinstance(entry.get("path"), str), where, "needs a `path` string")
-        unknown = sorted(set(entry) - {"path", "run", "format"})
-        _expect(not unknown, f"{where}.{unknown[0]}" if unknown else "", "unknown setting (known: path, run, format)")
+        _only_known(entry, {"path", "run", "format"}, where)
         fmt = entry.get("format", "auto")
         _expect(fmt in formats, f"{where}.format", f"unknown format {fmt!r} (known: {', '.join(sorted(formats))})")
         run = entry.get("run", default_run or default_run_name(entry["path"]))

@@ -71,6 +71,14 @@ def test_bad_listen_address() -> None:
      ({"limits": {"max_key_length": 0}}, "limits.max_key_length: must be greater than 0"),
      ({"limits": {"max_line_length": 1000}}, "limits.max_line_length: must be greater than 4095"),
      ({"limits": {"max_line_bytes": 1000}}, "limits.max_line_bytes: unknown setting"),
+     ({"limits": {"max_keys": 2.5}}, "limits.max_keys: must be an integer"),
+     ({"gpu": {"interval_seconds": 0}}, "gpu.interval_seconds: must be greater than 0"),
+     ({"gpu": {"slow_interval_seconds": 5}}, "gpu.slow_interval_seconds: unknown setting"),
+     ({"windows": {"per_instrument": {"kl": {"per_instrument": {}}}}},
+      "windows.per_instrument.kl.per_instrument: unknown setting"),
+     ({"formats": [{"name": "tensorboard", "pattern": "(?P<loss>\\S+)"}]},
+      "formats[0].name: 'tensorboard' is not a free"),
+     ({"logs": [{"path": "/a", "fromat": "hf"}]}, "logs[0].fromat: unknown setting"),
      ({"poll_interval_seconds": -1}, "poll_interval_seconds: must be greater than 0"),
      ({"detectors": {"kl_critcal": {"steps": 3}}}, "detectors.kl_critcal: unknown setting"),
      ({"detectors": {"kl_critical": {"steps": 0}}}, "detectors.kl_critical.steps: must be greater than 0"),
@@ -86,6 +94,18 @@ def test_config_validation(raw: dict, field: str) -> None:
     pattern = field if "\\[" in field else field.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
     with pytest.raises(ConfigError, match=pattern):
         parse_config(raw)
+
+
+def test_each_subsystem_owns_its_defaults() -> None:
+    """The config holds the subsystems' own settings objects: no default is written twice."""
+    from exporter.gpu.sampler import SamplerConfig
+    from exporter.instruments.run import RunLimits
+
+    cfg = parse_config({})
+    assert cfg.limits == RunLimits() and cfg.gpu.sampler == SamplerConfig()
+    cfg = parse_config({"limits": {"max_keys": 7}, "gpu": {"interval_seconds": 2, "visible_devices": 1}})
+    assert cfg.limits == RunLimits(max_keys=7)
+    assert cfg.gpu.sampler == SamplerConfig(interval_seconds=2, visible_devices="1")
 
 
 def test_detector_settings_reach_the_run(tmp_path) -> None:

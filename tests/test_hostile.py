@@ -296,7 +296,7 @@ def test_a_clear_whose_redraw_never_comes_holds_records_for_a_bounded_time(monke
 def test_reward_components_beyond_max_keys_are_dropped_and_counted(tmp_path) -> None:
     text = "".join(f'{{"step": {i}, "rewards/f{i}/mean": 0.5, "rewards/f{i}/std": 0.1, "loss": 1}}\n'
                    for i in range(1, 3001))
-    ex = exporter_of(tmp_path, text, max_keys=100)
+    ex = exporter_of(tmp_path, text, limits=RunLimits(max_keys=100))
     out = scrape(ex)
     run = ex.runs["r"]
     components = {s for s in run.series if s[0].startswith("reward_component")}

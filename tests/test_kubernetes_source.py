@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.app import Exporter, StreamInput
 from exporter.config import Config, ConfigError, LogSpec, default_run_name
 from exporter.exposition.collector import ExporterCollector
+from exporter.instruments.run import RunLimits
 from exporter.parsers.chain import LineParserChain
 from exporter.pipeline import ConsoleStream
 from exporter.sources.kubernetes import (
@@ -278,7 +279,7 @@ def test_a_long_line_obeys_the_line_limit(k8s_env, monkeypatch, tmp_path) -> Non
     lines = [record, b"x" * 200_000 + b"\n", record.replace(b"0.01}", b"0.02}")]
     entries = stamped(lines, time.time() - 30)
     cluster = FakeCluster(entries, [("drop", len(wire(entries[:1])) + 90_000), "all"])
-    cfg = Config(max_line_length=4096)
+    cfg = Config(limits=RunLimits(max_line_length=4096))
     try:
         monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path)))
         ex = Exporter(cfg, [LogSpec(f"k8s://{NS}/{POD}/{CONTAINER}", CONTAINER)])

@@ -221,11 +221,12 @@ class ExporterCollector(Collector):
                                           labels=["run", "path"])
         resumed = CounterMetricFamily(p + "source_resumed", "Times a log source was read on after an interruption, "
                                       "not again from its start: a file that came back (moved away and back, put "
-                                      "back as a copy, after a read error), a pod log's stream opened again.", labels=["run", "path"])
+                                      "back as a copy, after a read error), a pod log's stream opened again.",
+                                      labels=["run", "path"])
         read_errors = CounterMetricFamily(p + "source_read_errors", "Failed reads of a log source.",
                                           labels=["run", "path"])
-        read_bytes = CounterMetricFamily(p + "source_read_bytes", "Bytes read from a log source, as read (before decoding).",
-                                         labels=["run", "path"])
+        read_bytes = CounterMetricFamily(p + "source_read_bytes", "Bytes read from a log source, as read (before "
+                                         "decoding).", labels=["run", "path"])
         for inp in ex.inputs:
             lv = [inp.spec.run, inp.spec.path]
             up.add_metric(lv, 1.0 if inp.follow.up else 0.0)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from exporter.console.framing import MAX_LINE_LENGTH
 from exporter.detectors.engine import DetectorSet
 from exporter.instruments.columns import Shape, ShapePlan, batch_columns, rows_by_shape
 from exporter.instruments.derived import DerivedState
@@ -35,11 +36,16 @@ KEY_DROP_REASONS = ("max_keys", "key_too_long", "key_not_utf8")
 _ROUTINE_SKIPS = frozenset({"none", "non_numeric"})
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunLimits:
+    """The config's `limits`: what one run may hold. `minimum` is exclusive (config.py checks it at start)."""
+
     max_keys: int = 500  # distinct keys per run: pass-through keys, which also bound a family's label values
-    history_limit: int = 2048  # points of history kept per series
+    history_limit: int = field(default=2048, metadata={"minimum": 1})  # points of history kept per series
     max_key_length: int = 128  # characters in a key, and so in a label value taken from one
+    # Characters in a line of a console log. Below a few KiB a limit would drop the metric lines themselves (a GRPO
+    # line is about 1,500 characters).
+    max_line_length: int = field(default=MAX_LINE_LENGTH, metadata={"minimum": 4095})
 
 
 @dataclass
@@ -110,24 +116,25 @@ class RunState:
             return
         pending, limit, max_keys = self._pending, BATCH_RECORDS, self.limits.max_keys
         train = RecordKind.TRAIN
-        last, taken = self.step, 0
+        last, taken, fresh = self.step, 0, False  # fresh: training records taken since step and finished were set
         for rec in recs:
             step = rec.step
             if rec.kind is not train or rec.skipped or not last <= step <= MAX_STEP or len(rec.numbers) > max_keys:
-                if taken:
-                    self.step, self.finished = last, False
+                if fresh:
+                    self.step, self.finished, fresh = last, False, False
                 self.ingest(rec)
                 last, pending = self.step, self._pending
                 continue
-            last = step
+            last, fresh = step, True
             taken += 1
             pending.append(rec)
             if len(pending) >= limit:
-                self.step, self.finished = last, False
+                self.step, self.finished, fresh = last, False, False
                 self._apply()
                 pending = self._pending
-        if taken:
+        if fresh:
             self.step, self.finished = last, False
+        if taken:
             self.records[train] += taken
         self.last_record_time = time.time()
 

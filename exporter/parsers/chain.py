@@ -32,6 +32,13 @@ BUILTIN_FORMATS: dict[str, LineParser] = {
 }
 # Not a line format: trainer_state.json is read whole (sources/trainer_state.py).
 FILE_FORMATS = frozenset({"trainer_state", "tensorboard"})
+
+
+def known_formats(user_formats: Sequence[RegexFormat] = ()) -> list[str]:
+    """Every name a log's format may be: `auto`, the built-in line formats, the file formats and the config's own."""
+    return sorted({"auto", *BUILTIN_FORMATS, *FILE_FORMATS, *(f.name for f in user_formats)})
+
+
 # Formats whose streams carry the Trainer's end-of-run metrics blocks (parsers/summary.py).
 _WITH_METRICS_BLOCKS = frozenset({"auto", "hf"})
 

@@ -22,7 +22,8 @@ REPORT_HISTORY = 1_000_000  # points kept per series: a report sees the whole ru
 
 
 def verdicts(cfg: Config, specs: list[LogSpec], runbook_base: str = RUNBOOK_BASE) -> list[RunVerdict]:
-    cfg = dataclasses.replace(cfg, history_limit=max(cfg.history_limit, REPORT_HISTORY))
+    cfg = dataclasses.replace(cfg, limits=dataclasses.replace(
+        cfg.limits, history_limit=max(cfg.limits.history_limit, REPORT_HISTORY)))
     exporter = Exporter(cfg, specs)
     exporter.read_to_end()
     return [judge(run, runbook_base) for run in exporter.runs.values()]
