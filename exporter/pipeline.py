@@ -17,7 +17,6 @@ log = logging.getLogger(__name__)
 
 # One warning per run and kind of bad input (format and reason): a broken stream must not flood the
 # sidecar's own log.
-_warned: set[tuple[str, ...]] = set()
 # Reasons a line is dropped unread (posttrain_exporter_lines_dropped_total), all exported from the start.
 LINE_DROP_REASONS = ("too_long",)
 # Reasons a console record's step is doubted (posttrain_exporter_step_disagreements_total), exported from the start.
@@ -25,13 +24,6 @@ STEP_DISAGREEMENT_REASONS = ("epoch",)
 # A record from a longer line may hold many or long keys: the run's limits are applied before it waits
 # for its step or its batch, so that waiting records stay small.
 _WIDE_LINE = 16 * 1024
-
-
-def warn_once(run: str, what: tuple[str, ...], message: str, *args: object) -> None:
-    """Logs `message % args` the first time `what` happens to `run`: bad input is counted, not logged per line."""
-    if (key := (run, *what)) not in _warned:
-        _warned.add(key)
-        log.warning("run %s: " + message, run, *args)
 
 
 class IngestStats:
@@ -43,6 +35,19 @@ class IngestStats:
         self.lines_dropped: Counter[str] = Counter()  # by reason
         self.bar_draws = 0  # counted apart: one per progress-bar draw is the hottest path
         self.step_disagreements: Counter[str] = Counter()  # console records whose step disagrees, by reason
+        self._warned: set[tuple[str, ...]] = set()  # what was logged once already, for this run alone
+
+    def first_time(self, *what: str) -> bool:
+        """True the first time `what` happens to this run: bad input is counted, and logged only once."""
+        if what in self._warned:
+            return False
+        self._warned.add(what)
+        return True
+
+    def warn_once(self, run: str, what: tuple[str, ...], message: str, *args: object) -> None:
+        """Logs `message % args` the first time `what` happens to `run` (this stats' run)."""
+        if self.first_time(*what):
+            log.warning("run %s: " + message, run, *args)
 
     def line_counts(self) -> dict[tuple[str, str], int]:
         counts = dict(self.lines)
@@ -104,9 +109,9 @@ class ConsoleStream:
 
     def overlong(self) -> None:
         self.stats.lines_dropped["too_long"] += 1
-        warn_once(self.run.name, ("too_long",), "dropped a line longer than limits.max_line_length (%d characters); "
-                  "further ones are only counted in posttrain_exporter_lines_dropped_total",
-                  self.framer.max_line_length)
+        self.stats.warn_once(self.run.name, ("too_long",), "dropped a line longer than limits.max_line_length (%d "
+                             "characters); further ones are only counted in posttrain_exporter_lines_dropped_total",
+                             self.framer.max_line_length)
 
     def line(self, text: str) -> None:
         try:
@@ -151,6 +156,8 @@ class ConsoleStream:
             if rec.step is not None:  # what clock.record does with a record that carries its step
                 clock.last_step = rec.step
                 stepped.append(rec)
+            elif clock.ordinal(rec):  # no bar: the next ordinal step, at once
+                stepped.append(rec)
             else:
                 if stepped:
                     run.ingest_many(stepped)
@@ -161,16 +168,15 @@ class ConsoleStream:
     def _internal_error(self, text: str) -> None:
         self.stats.lines["unknown", "error"] += 1
         self.stats.parse_errors["unknown", "internal_error"] += 1
-        if (key := (self.run.name, "unknown", "internal_error")) not in _warned:
-            _warned.add(key)
+        if self.stats.first_time("unknown", "internal_error"):
             log.exception("run %s: the parser failed on a line (skipped; further ones are only counted in "
                           "posttrain_exporter_parse_errors_total): %.120r", self.run.name, text)
 
     def _error(self, e: ParseError) -> None:
         self.stats.lines[e.fmt, "error"] += 1
         self.stats.parse_errors[e.fmt, e.reason] += 1
-        warn_once(self.run.name, (e.fmt, e.reason), "skipped a line that could not be parsed (%s); further ones are "
-                  "only counted in posttrain_exporter_parse_errors_total", e)
+        self.stats.warn_once(self.run.name, (e.fmt, e.reason), "skipped a line that could not be parsed (%s); "
+                             "further ones are only counted in posttrain_exporter_parse_errors_total", e)
 
     def _ingest(self, records: list[Record]) -> None:
         for rec in records:

@@ -139,6 +139,18 @@ class StepClock:
             self._cleared = False  # no redraw is coming
         return self._release()
 
+    def ordinal(self, rec: Record) -> bool:
+        """record(rec) for a record without its step on a stream that never drew a training bar, when nothing
+        waits: it takes its step at once (the next ordinal; eval and summary records the last step), as
+        record() would give it. False (nothing done) otherwise."""
+        if self._bar is not None or self._pending or self._cleared or self._redraws:
+            return False
+        if rec.kind is not RecordKind.TRAIN:
+            rec.step = self.last_step
+        else:
+            self._step(rec, self.last_step + 1)
+        return True
+
     def _release(self) -> list[Record]:
         out: list[Record] = []
         while self._pending and self._redraws:

@@ -119,7 +119,9 @@ def _numeric_fast(obj: dict) -> Record | None:
         fmt, values = "jsonl", obj
         key = next((k for k in _STEP_KEYS if k in obj), None)
         if key is not None:
-            values = {k: v for k, v in obj.items() if k not in _STEP_KEYS}
+            values = obj.copy()  # without the step keys, in order
+            for k in _STEP_KEYS:
+                values.pop(k, None)
     step = None
     if key is not None:
         step = obj[key]
