@@ -14,7 +14,7 @@ from exporter.instruments.keymap import KeyMap
 from exporter.instruments.run import RunState
 from exporter.parsers.chain import LineParserChain
 from exporter.parsers.record import ParseError, Record
-from exporter.pipeline import ConsoleStream, IngestStats, warn_once
+from exporter.pipeline import ConsoleStream, IngestStats
 from exporter.report.live import verdict_document
 from exporter.sources.base import ChunkReader, FollowStats, Source
 from exporter.sources.detect import TENSORBOARD, TRAINER_STATE, input_kind
@@ -127,8 +127,9 @@ class TrainerStateInput(Source):
     def _error(self, reason: str, n: int) -> None:
         self.stats.lines["trainer_state", "error"] += n
         self.stats.parse_errors["trainer_state", reason] += n
-        warn_once(self.run.name, ("trainer_state", reason), "skipped %s or entries of its log_history (%s); further "
-                  "ones are only counted in posttrain_exporter_parse_errors_total", self.spec.path, reason)
+        self.stats.warn_once(self.run.name, ("trainer_state", reason), "skipped %s or entries of its log_history "
+                             "(%s); further ones are only counted in posttrain_exporter_parse_errors_total",
+                             self.spec.path, reason)
 
 
 class TensorBoardInput(Source):
@@ -157,8 +158,8 @@ class TensorBoardInput(Source):
         for reason, n in self.reader.errors.items():
             self.stats.lines[TB_FORMAT, "error"] += n
             self.stats.parse_errors[TB_FORMAT, reason] += n
-            warn_once(self.run.name, (TB_FORMAT, reason), "%s: event records skipped (%s); further ones are only "
-                      "counted in posttrain_exporter_parse_errors_total", self.spec.path, reason)
+            self.stats.warn_once(self.run.name, (TB_FORMAT, reason), "%s: event records skipped (%s); further ones "
+                                 "are only counted in posttrain_exporter_parse_errors_total", self.spec.path, reason)
         self.reader.errors.clear()
         for rec in records:
             self.stats.lines[TB_FORMAT, "record"] += 1

@@ -57,3 +57,17 @@ def test_a_stream_added_first_is_polled_first_and_read_to_its_end() -> None:
     ex.read_to_end()
     assert src.drained and _steps(ex, "replayed") == _steps(ex, "file") > 0
     assert src.follow.bytes_read == len(GRPO.read_text().encode())
+
+
+def test_a_warning_logged_once_per_run_is_state_of_that_run(tmp_path, caplog) -> None:
+    """Logged once per run and exporter, not once per process: a second exporter (a report after a dump, a
+    restarted serve in the same interpreter) says it again."""
+    log = tmp_path / "train.log"
+    log.write_text('{"loss": 1.0, "step": 1}\n{"loss": [1, 2], "step": 2}\n{"loss": [3], "step": 3}\n')
+    for _ in range(2):
+        with caplog.at_level("WARNING"):
+            caplog.clear()
+            ex = Exporter(Config(), [LogSpec(str(log), "r", "json")])
+            ex.read_to_end()
+        said = [r for r in caplog.records if "could not be parsed" in r.getMessage()]
+        assert len(said) == 1 and ex.stats["r"].lines["jsonl", "error"] == 2
