@@ -29,3 +29,21 @@ def test_a_hand_edit_to_a_generated_file_is_reported(tmp_path):
         doc.write_bytes(original)
     assert done.returncode == 1
     assert "docs/metrics.md" in done.stderr
+
+
+def test_every_threshold_is_declared_once_with_where_it_is_exported():
+    """Thresholds' fields carry their default and their (instrument, level): the exported series, the breach
+    counters and the rules' limits all read them there, so a new threshold cannot be left unexported."""
+    from dataclasses import fields
+
+    from exporter.instruments.derived import threshold_key, threshold_series
+    from exporter.instruments.settings import Thresholds
+
+    series = threshold_series(Thresholds())
+    keys = [w[:2] for f in fields(Thresholds) for w in f.metadata["series"]]
+    assert len(keys) == len(set(keys)) == len(series)  # no (instrument, level) exported twice
+    for f in fields(Thresholds):
+        assert f.metadata["series"], f"{f.name} is not exported"
+        assert series[threshold_key(f.name)] == f.default
+    moved = threshold_series(Thresholds(kl_critical=3.0))
+    assert moved["kl", "critical"] == 3.0 and moved["kl", "warning"] == 0.5

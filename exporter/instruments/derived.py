@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import fields
 from itertools import pairwise
 
 import numpy as np
@@ -70,55 +71,27 @@ REGIME_OF = {
     (0, 1): "improving_without_drift", (0, 0): "converged", (0, -1): "declining",
 }
 
-# (instrument, sub-label, level) -> (threshold name, breached when value is 'above' or 'below')
-_BREACH_RULES: dict[str, list[tuple[str, str, str]]] = {
-    "kl": [("warning", "kl_warning", "above"), ("critical", "kl_critical", "above")],
-    "reward_std": [("min", "reward_std_min", "below")],
-    "reward_component_std": [("min", "component_std_min", "below")],
-    "clip_fraction": [("high", "clip_high", "above"), ("min", "clip_min", "below")],
-    "policy_ratio": [("low", "policy_ratio_low", "below"), ("high", "policy_ratio_high", "above")],
-    "completion_truncated": [("max", "truncated_max", "above")],
-    "clip_total": [("high", "clip_high", "above"), ("excessive", "clip_excessive", "above"),
-                   ("min", "clip_min", "below")],
-}
+def _threshold_fields() -> list[tuple[str, tuple[tuple[str, ...], ...]]]:
+    return [(f.name, f.metadata["series"]) for f in fields(Thresholds)]
 
-# Every threshold as exported in posttrain_threshold{instrument, level}: the boards draw them and the alerts
-# quote them. (instrument, level) by the Thresholds field that holds the value.
-_THRESHOLD_SERIES: dict[str, tuple[str, str]] = {
-    "clip_asymmetry_min_total": ("clip_total", "asymmetry_min_total"),
-    "length_ratio_low": ("completion_length", "ratio_low"),
-    "length_ratio_high": ("completion_length", "ratio_high"),
-    "reward_std_drop": ("reward_std", "drop"),
-    "entropy_drop": ("entropy", "drop"),
-    "length_std_drop": ("completion_length_std", "drop"),
-    "clip_rise_factor": ("clip_total", "rise_factor"),
-    "grad_norm_spike_factor": ("grad_norm", "spike_factor"),
-    "dpo_chosen_min": ("dpo_reward", "chosen_min"),
-    "dpo_chosen_max": ("dpo_reward", "chosen_max"),
-    "dpo_margin_noise": ("dpo_reward", "margin_noise"),
-    "trend_t": ("trend", "t"),
-    "discontinuity_high": ("loss", "discontinuity_high"),
-    "discontinuity_low": ("loss", "discontinuity_low"),
-    "stall_seconds": ("record_age", "stall"),
-    "kl_near_zero": ("kl", "near_zero"),
-    "parse_error_ratio_max": ("parse_errors", "max_ratio"),
-}
+
+# instrument -> [(level, threshold name, breached when a value is 'above' or 'below')], from Thresholds' fields
+_BREACH_RULES: dict[str, list[tuple[str, str, str]]] = {}
+for _name, _series in _threshold_fields():
+    for _where in _series:
+        if len(_where) == 3:
+            _BREACH_RULES.setdefault(_where[0], []).append((_where[1], _name, _where[2]))
 
 
 def threshold_series(t: Thresholds) -> dict[tuple[str, str], float]:
     """(instrument, level) -> value, as exported in posttrain_threshold for the boards and alert texts."""
-    out = {(inst, level): getattr(t, name) for inst, rules in _BREACH_RULES.items() for level, name, _ in rules}
-    out.update({series: getattr(t, name) for name, series in _THRESHOLD_SERIES.items()})
-    return out
+    return {(where[0], where[1]): getattr(t, name) for name, series in _threshold_fields() for where in series}
 
 
 def threshold_key(name: str) -> tuple[str, str]:
-    """The (instrument, level) under which a Thresholds field is exported in posttrain_threshold."""
-    for inst, rules in _BREACH_RULES.items():
-        for level, field_name, _ in rules:
-            if field_name == name:
-                return inst, level
-    return _THRESHOLD_SERIES[name]
+    """The (instrument, level) under which a Thresholds field is first exported in posttrain_threshold."""
+    where = dict(_threshold_fields())[name][0]
+    return where[0], where[1]
 
 
 def labels_of(instrument: str, sub: tuple[str, str] | None) -> Labels:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -11,39 +12,54 @@ class WindowSpec:
     min_points: int = 10  # nothing is exported before this many points (seed: len(history) >= 10)
 
 
+def _limit(default: float, *series: tuple[str, ...]) -> Any:
+    """A threshold: its default, and each (instrument, level) it is exported under in posttrain_threshold (the
+    boards draw it, the alerts quote it). A third item, 'above' or 'below', makes every logged value beyond it a
+    breach counted in posttrain_threshold_breaches_total{instrument, level}."""
+    return field(default=default, metadata={"series": series})
+
+
 @dataclass(frozen=True)
 class Thresholds:
-    kl_warning: float = 0.5  # Part II: "KL > 0.5 is a warning"
-    kl_critical: float = 1.0  # Part II: "KL > 1.0 is a stop sign"
-    reward_std_min: float = 0.05  # Part III: alert below 0.05
-    component_std_min: float = 0.01  # Part III: a component with std < 0.01 is dead
-    clip_high: float = 0.3  # Part II: clip fraction > 30%
-    clip_excessive: float = 0.4  # Part III: total clipping > 40%
-    clip_min: float = 0.01  # Part II/III: < 1%, updates may be too conservative
-    clip_asymmetry_min_total: float = 0.01  # Part III: asymmetry only when total > 0.01
-    policy_ratio_low: float = 0.5  # Part II: ratio below 0.5 ...
-    policy_ratio_high: float = 2.0  # ... or above 2.0: updates too aggressive
-    length_ratio_low: float = 0.7  # Part II: "> 30% change in mean deserves investigation" ...
-    length_ratio_high: float = 1.3  # ... either way, against the run's baseline
-    truncated_max: float = 0.2  # Part II: clipped ratio > 20%
+    """Every threshold, declared once: its default, where it is exported and whether it counts breaches."""
+
+    kl_warning: float = _limit(0.5, ("kl", "warning", "above"))  # Part II: "KL > 0.5 is a warning"
+    kl_critical: float = _limit(1.0, ("kl", "critical", "above"))  # Part II: "KL > 1.0 is a stop sign"
+    reward_std_min: float = _limit(0.05, ("reward_std", "min", "below"))  # Part III: alert below 0.05
+    # Part III: a component with std < 0.01 is dead
+    component_std_min: float = _limit(0.01, ("reward_component_std", "min", "below"))
+    # Part II: clip fraction > 30%
+    clip_high: float = _limit(0.3, ("clip_fraction", "high", "above"), ("clip_total", "high", "above"))
+    clip_excessive: float = _limit(0.4, ("clip_total", "excessive", "above"))  # Part III: total clipping > 40%
+    # Part II/III: < 1%, updates may be too conservative
+    clip_min: float = _limit(0.01, ("clip_fraction", "min", "below"), ("clip_total", "min", "below"))
+    # Part III: asymmetry only when total > 0.01
+    clip_asymmetry_min_total: float = _limit(0.01, ("clip_total", "asymmetry_min_total"))
+    policy_ratio_low: float = _limit(0.5, ("policy_ratio", "low", "below"))  # Part II: ratio below 0.5 ...
+    policy_ratio_high: float = _limit(2.0, ("policy_ratio", "high", "above"))  # ... or above 2.0: too aggressive
+    # Part II: "> 30% change in mean deserves investigation", either way, against the run's baseline
+    length_ratio_low: float = _limit(0.7, ("completion_length", "ratio_low"))
+    length_ratio_high: float = _limit(1.3, ("completion_length", "ratio_high"))
+    truncated_max: float = _limit(0.2, ("completion_truncated", "max", "above"))  # Part II: clipped ratio > 20%
     # Against the run's own baseline (the median of its first logged points), where the seeds say the
     # healthy level depends on the task:
-    reward_std_drop: float = 0.25  # reward std's recent mean under this share of its baseline
-    entropy_drop: float = 0.5  # entropy's recent median under this share of its baseline
-    length_std_drop: float = 0.5  # Part II: "> 50% change in variance"
-    clip_rise_factor: float = 3.0  # clipping this many times its baseline (and rising)
-    grad_norm_spike_factor: float = 10.0  # grad norm's recent median over its baseline
+    reward_std_drop: float = _limit(0.25, ("reward_std", "drop"))  # recent mean under this share of its baseline
+    entropy_drop: float = _limit(0.5, ("entropy", "drop"))  # recent median under this share of its baseline
+    length_std_drop: float = _limit(0.5, ("completion_length_std", "drop"))  # Part II: "> 50% change in variance"
+    clip_rise_factor: float = _limit(3.0, ("clip_total", "rise_factor"))  # this many times its baseline, rising
+    grad_norm_spike_factor: float = _limit(10.0, ("grad_norm", "spike_factor"))  # recent median over baseline
     # DPO implicit rewards, in reward units (beta x log-prob change; TRL's default beta is 0.1):
-    dpo_chosen_min: float = -0.5  # chosen reward below this while the margin grows: both pushed down
-    dpo_chosen_max: float = 2.0  # chosen reward rising past this: reward hacking
-    dpo_margin_noise: float = 1.0  # margin stddev over its mean: unstable
-    trend_t: float = 2.0  # a trend is rising/falling when |slope / stderr| >= this
-    discontinuity_high: float = 2.0  # 002: pg loss "suddenly doubled ..."
-    discontinuity_low: float = 0.5  # 002: "... or halved"
+    dpo_chosen_min: float = _limit(-0.5, ("dpo_reward", "chosen_min"))  # chosen below this, margin grows
+    dpo_chosen_max: float = _limit(2.0, ("dpo_reward", "chosen_max"))  # chosen rising past this: reward hacking
+    dpo_margin_noise: float = _limit(1.0, ("dpo_reward", "margin_noise"))  # margin stddev over its mean
+    trend_t: float = _limit(2.0, ("trend", "t"))  # a trend is rising/falling when |slope / stderr| >= this
+    discontinuity_high: float = _limit(2.0, ("loss", "discontinuity_high"))  # pg loss "suddenly doubled ..."
+    discontinuity_low: float = _limit(0.5, ("loss", "discontinuity_low"))  # "... or halved"
     # Read by the alert rules only (rules/posttrain.recording.yml), exported so a run can tune them:
-    stall_seconds: float = 1800.0  # no record for this long: the trainer stalled
-    kl_near_zero: float = 0.001  # Part II: "KL near zero throughout training: beta too high"
-    parse_error_ratio_max: float = 0.1  # share of record lines the exporter could not read
+    stall_seconds: float = _limit(1800.0, ("record_age", "stall"))  # no record for this long: the trainer stalled
+    kl_near_zero: float = _limit(0.001, ("kl", "near_zero"))  # Part II: "KL near zero throughout: beta too high"
+    # share of record lines the exporter could not read
+    parse_error_ratio_max: float = _limit(0.1, ("parse_errors", "max_ratio"))
 
 
 THRESHOLD_NAMES = tuple(f.name for f in fields(Thresholds))
