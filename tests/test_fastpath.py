@@ -22,7 +22,7 @@ from conftest import FIXTURES
 
 from exporter import cli
 from exporter.instruments.run import RunState
-from exporter.parsers import chain, fastpath, pydict
+from exporter.parsers import chain, fastpath, jsonl, pydict
 from exporter.parsers.quoted import QuotedShapes
 
 # Lines whose value is a clock reading or a duration: they differ between any two runs.
@@ -37,6 +37,7 @@ def _fresh_caches() -> None:
     chain._VERL = fastpath.VerlConsoleFast()
     pydict._OPENRLHF_FAST = fastpath.OpenRLHFFast()
     pydict._QUOTED = QuotedShapes()
+    jsonl._FAST = fastpath.JsonFast()
 
 
 def dump(path: Path, fast: bool, *args: str) -> str:
@@ -205,7 +206,8 @@ def test_generated_lines_read_the_same_with_the_fast_paths_off(shape: str, seed:
     assert_same(path)
     # the fast paths were taken: each format learned a shape
     dump(path, True)
-    learned = {"verl_console": chain._VERL.cache.patterns, "openrlhf": pydict._OPENRLHF_FAST.cache.patterns}
+    learned = {"verl_console": chain._VERL.cache.patterns, "openrlhf": pydict._OPENRLHF_FAST.cache.patterns,
+               "verl_jsonl": jsonl._FAST.cache.patterns, "jsonl": jsonl._FAST.cache.patterns}
     if shape in learned:
         assert learned[shape], f"{shape}: no shape was learned, the fast path was never taken"
 

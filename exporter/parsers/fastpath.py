@@ -17,6 +17,7 @@ tests/test_fastpath.py checks that the exposition is the same either way."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable
@@ -202,3 +203,75 @@ def numeric_record(values: dict, fmt: str, step: int | None) -> Record | None:
     except OverflowError:
         return None
     return Record.of(tuple(values), numbers, fmt, step)
+
+
+# --- JSON lines read by pattern: `{"step": 12, "data": {"a": 0.1, ...}}` and `{"step": 12, "a": 0.1, ...}` ------
+
+# A JSON number that float() reads as json.loads + flatten_numeric do: an integer part of at most 300 digits
+# (json's int -> float would fail past a float's range where float() gives inf), NaN and the infinities.
+_JSON_NUMBER = r"(-?(?:0|[1-9][0-9]{0,299})(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|NaN|-?Infinity)"
+_JSON_STEP = "(0|[1-9][0-9]{0,14})"  # a JSON integer below 2**53
+
+
+def _json_pattern(shape: tuple) -> str:
+    """shape: (step key or None, nested under "data", key, key, ...)."""
+    step_key, nested, *keys = shape
+    pairs = ", ".join(re.escape(json.dumps(k) + ": ") + _JSON_NUMBER for k in keys)
+    head = "" if step_key is None else re.escape(json.dumps(step_key) + ": ") + _JSON_STEP + ", "
+    return r"\{" + head + (r'"data": \{' + pairs + r"\}\}" if nested else pairs + r"\}")
+
+
+class JsonFast:
+    def __init__(self) -> None:
+        self.cache = ShapeCache(_json_pattern)
+        self._fmts: dict[tuple[str, ...], tuple[str, bool]] = {}  # keys -> (format, has a step)
+
+    def parse(self, s: str) -> Record | None:
+        """The record of the stripped line `s`, or None: read it with json.loads."""
+        found = self.cache.match(s)
+        return None if found is None else self._record(*found)
+
+    def _record(self, m: re.Match[str] | None, keys: tuple[str, ...], kind: RecordKind) -> Record | None:
+        if m is None:
+            return None
+        fmt, has_step = self._fmts[keys]
+        groups = m.groups()
+        if has_step:
+            step: int | None = int(groups[0])
+            groups = groups[1:]
+        else:
+            step = None
+        if "-0" in groups:  # json reads `-0` as the integer 0, which is exported as 0.0, not -0.0
+            return None
+        return Record.of_kind(keys, list(map(float, groups)), fmt, step, kind)
+
+    def learn(self, s: str, obj: dict, rec: Record) -> None:
+        """`obj` (json.loads of `s`) read by the general path to `rec`: its shape may earn a pattern."""
+        if rec.skipped or not rec.shape or len(s) > _MAX_LEARN_CHARS:
+            return
+        top = tuple(obj)
+        if rec.fmt == "verl_jsonl":
+            if top not in (("step", "data"), ("data",)) or tuple(obj["data"]) != rec.shape:
+                return
+            shape = (top[0] if len(top) == 2 else None, True, *rec.shape)
+        elif rec.fmt == "jsonl":
+            if top[1:] == rec.shape and top[0] in ("step", "global_step", "_step"):
+                shape = (top[0], False, *rec.shape)
+            elif top == rec.shape:
+                shape = (None, False, *rec.shape)
+            else:
+                return
+        else:
+            return
+        pattern = self.cache.seen(shape)  # type: ignore[arg-type]
+        if pattern is None:
+            return
+        if len(self._fmts) >= 4 * _MAX_SHAPES:
+            self._fmts.clear()  # with the patterns that need them
+            self.cache.patterns.clear()
+        known = self._fmts.get(rec.shape)
+        if known is not None and known != (rec.fmt, shape[0] is not None):
+            return  # the same keys under another head: one reading per keys tuple
+        self._fmts[rec.shape] = (rec.fmt, shape[0] is not None)
+        if same_record(self._record(pattern.fullmatch(s), rec.shape, rec.kind), rec):
+            self.cache.add(pattern, rec.shape)

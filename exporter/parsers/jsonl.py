@@ -85,12 +85,17 @@ def parse_json_line(line: str) -> Record | None:
     s = line.strip()
     if not s.startswith('{"'):
         return None
+    if fastpath.ENABLED:
+        rec = _FAST.parse(s)
+        if rec is not None:
+            return rec
     obj = loads_bounded(s, "jsonl")
     if not isinstance(obj, dict):
         return None
     if fastpath.ENABLED:
         rec = _numeric_fast(obj)
         if rec is not None:
+            _FAST.learn(s, obj, rec)
             return rec
     values: dict[str, float] = {}
     skipped: dict[str, int] = {}
@@ -107,6 +112,10 @@ def parse_json_line(line: str) -> Record | None:
         why = f" (skipped: {', '.join(skipped)})" if skipped else ""
         raise ParseError("no_numeric_values", s[:60] + why, "jsonl")
     return Record(values=values, fmt=fmt, step=step, skipped=skipped)
+
+
+# JSON lines read per record shape (parsers/fastpath.py)
+_FAST = fastpath.JsonFast()
 
 
 def _numeric_fast(obj: dict) -> Record | None:
