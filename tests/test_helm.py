@@ -379,9 +379,9 @@ spec:
     assert side["image"] == "ghcr.io/posttrain-exporter/posttrain-exporter:0.1.0"  # not the parent's appVersion
     assert side["ports"][0]["containerPort"] == 9900  # the parent's values for the subchart reach the template
     args = build_parser().parse_args(side["args"])
-    assert args.run == "$(JOB_NAME)"  # expanded by the kubelet from the env below
+    assert args.run == "$(RUN_NAME)"  # expanded by the kubelet from the env below
     job_name = {"fieldRef": {"fieldPath": "metadata.labels['job-name']"}}
-    assert side["env"] == [{"name": "JOB_NAME", "valueFrom": job_name}]
+    assert side["env"] == [{"name": "RUN_NAME", "valueFrom": job_name}]
     # The volume's ConfigMap is the one the subchart renders, and the subchart's PodMonitor selects the pod.
     (cfg_vol,) = [v for v in spec["volumes"] if v["name"] == "posttrain-exporter-config"]
     assert cfg_vol["configMap"]["name"] in {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}

@@ -80,18 +80,67 @@ basic auth on (an HTTP probe would get 401). Takes (dict "probe" <probe> "web" <
 {{- end -}}
 
 {{/*
-The sidecar container, one list item. With sidecar.native (default) it is a native sidecar: put it in the
-pod's initContainers (Kubernetes 1.29+). With sidecar.native=false put it in containers, and have the
-trainer touch sidecar.doneFile when it exits (README.md). It mounts `posttrain-logs` read-only and follows
-sidecar.logFile; its port is named `metrics`.
+Whether the sidecar is a native sidecar (an init container with restartPolicy: Always): "true" or "false".
+sidecar.native unset (null, the default): chosen from the cluster's version, .Capabilities.KubeVersion (native
+sidecars are beta and on by default from Kubernetes 1.29; `helm template` assumes its own default version
+unless given --kube-version). true or false forces it; true on a cluster before 1.29 stops the render.
+  {{- $native := eq (include "posttrain-exporter.native" (dict "root" $)) "true" }}
+*/}}
+{{- define "posttrain-exporter.native" -}}
+{{- $v := get . "values" | default (index .root.Values "posttrain-exporter") | default .root.Values -}}
+{{- $kube := .root.Capabilities.KubeVersion.Version -}}
+{{- $supported := semverCompare ">=1.29.0-0" $kube -}}
+{{- $forced := $v.sidecar.native -}}
+{{- if kindIs "bool" $forced -}}
+{{- if and $forced (not $supported) -}}
+{{- fail (printf "sidecar.native=true needs Kubernetes 1.29 or later (native sidecar containers), but the cluster is %s: leave sidecar.native unset to get the regular-container fallback on this cluster (put the sidecar under containers and have the trainer touch sidecar.doneFile), or set sidecar.native=false" $kube) -}}
+{{- end -}}
+{{- $forced -}}
+{{- else -}}
+{{- $supported -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The service account of the training pods when the sidecar reads logs through the Kubernetes API. */}}
+{{- define "posttrain-exporter.serviceAccountName" -}}
+{{- $v := get . "values" | default (index .root.Values "posttrain-exporter") | default .root.Values -}}
+{{- if $v.serviceAccount.create -}}
+{{- $v.serviceAccount.name | default (include "posttrain-exporter.fullname" .) -}}
+{{- else -}}
+{{- $v.serviceAccount.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The sidecar container, one list item. A native sidecar (see posttrain-exporter.native) goes in the pod's
+initContainers; the fallback in containers, and the trainer touches sidecar.doneFile when it exits (README.md).
+Its port is named `metrics`. Besides root, values and run, the context may give, for this pod only:
+  logSource  file (follow sidecar.logFile on the shared volume), kubernetes (follow the container
+             sidecar.kubernetesLogs.container of this pod through the Kubernetes API) or none (GPU counters
+             only: the other ranks of a multi-node run); default sidecar.logSource
+  runLabel   the pod label the run name is read from (downward API) when no run is given; default
+             sidecar.runLabel (job-name)
   initContainers:
     {{- include "posttrain-exporter.sidecar" (dict "root" $ "run" "grpo-7b") | nindent 8 }}
 */}}
 {{- define "posttrain-exporter.sidecar" -}}
 {{- $v := get . "values" | default (index .root.Values "posttrain-exporter") | default .root.Values -}}
 {{- $s := $v.sidecar -}}
-{{- $run := get . "run" | default $s.run | default "$(JOB_NAME)" -}}
-{{- $args := list "serve" "--log" $s.logFile "--run" $run "--config" "/etc/posttrain-exporter/config.yaml" "--listen-address" (printf "0.0.0.0:%d" (int $s.port)) -}}
+{{- $native := eq (include "posttrain-exporter.native" (dict "root" .root "values" $v)) "true" -}}
+{{- $source := get . "logSource" | default $s.logSource | default "file" -}}
+{{- if not (has $source (list "file" "kubernetes" "none")) -}}
+{{- fail (printf "logSource: %q is not file, kubernetes or none" $source) -}}
+{{- end -}}
+{{- $runLabel := get . "runLabel" | default $s.runLabel | default "job-name" -}}
+{{- $run := get . "run" | default $s.run | default "$(RUN_NAME)" -}}
+{{- /* serve's own options only, after the subcommand: `serve` accepts --log.level and --log.format too */ -}}
+{{- $args := list "serve" -}}
+{{- if eq $source "file" -}}
+{{- $args = concat $args (list "--log" $s.logFile) -}}
+{{- else if eq $source "kubernetes" -}}
+{{- $args = concat $args (list "--log" (printf "k8s://%s" $s.kubernetesLogs.container)) -}}
+{{- end -}}
+{{- $args = concat $args (list "--run" $run "--config" "/etc/posttrain-exporter/config.yaml" "--listen-address" (printf "0.0.0.0:%d" (int $s.port))) -}}
 {{- $web := $s.webConfig | default dict -}}
 {{- if $web.secretName -}}
 {{- $args = concat $args (list "--web.config.file" (printf "%s/%s" $web.mountPath $web.key)) -}}
@@ -100,10 +149,10 @@ sidecar.logFile; its port is named `metrics`.
 - name: posttrain-exporter
   image: {{ printf "%s:%s" $v.image.repository $v.image.tag | quote }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
-  {{- if $s.native }}
+  {{- if $native }}
   restartPolicy: Always
   {{- else }}
-  # Fallback (sidecar.native=false): run the exporter until the trainer touches DONE_FILE, give Prometheus
+  # Fallback (not a native sidecar): run the exporter until the trainer touches DONE_FILE, give Prometheus
   # DONE_GRACE_SECONDS for a last scrape, then stop it so that the pod, and the Job, can complete.
   command:
     - sh
@@ -122,15 +171,27 @@ sidecar.logFile; its port is named `metrics`.
   {{- end }}
   args:
     {{- toYaml $args | nindent 4 }}
-  {{- if or (eq $run "$(JOB_NAME)") (not $s.native) $s.extraEnv }}
+  {{- if or (eq $run "$(RUN_NAME)") (not $native) (eq $source "kubernetes") $s.extraEnv }}
   env:
-    {{- if eq $run "$(JOB_NAME)" }}
-    - name: JOB_NAME
+    {{- if eq $run "$(RUN_NAME)" }}
+    # The run's name: the pod label {{ $runLabel }}, set by the operator on every pod of the run.
+    - name: RUN_NAME
       valueFrom:
         fieldRef:
-          fieldPath: metadata.labels['job-name']
+          fieldPath: {{ printf "metadata.labels['%s']" $runLabel }}
     {{- end }}
-    {{- if not $s.native }}
+    {{- if eq $source "kubernetes" }}
+    # k8s://CONTAINER: the pod whose container log the sidecar follows is its own.
+    - name: POD_NAMESPACE
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.namespace
+    - name: POD_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
+    {{- end }}
+    {{- if not $native }}
     - name: DONE_FILE
       value: {{ $s.doneFile | quote }}
     - name: DONE_GRACE_SECONDS
@@ -175,5 +236,8 @@ sidecar.logFile; its port is named `metrics`.
     - name: posttrain-exporter-web
       mountPath: {{ $web.mountPath }}
       readOnly: true
+    {{- end }}
+    {{- with $s.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
     {{- end }}
 {{- end -}}
