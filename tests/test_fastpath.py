@@ -89,7 +89,7 @@ KEYS = [f"actor/k{i}" for i in range(6)] + ["critic/score/mean", "timing_s/step"
 ODD_VALUES = ["nan", "inf", "-inf", "None", "abc", "'0.5'", "1_000", "np.float64(nan)", "np.float64(x)", "",
               "1e400", "-0.0", "0x10", "tensor(0.5)", "np.int64(3)", "True"]
 ODD_JSON = ["NaN", "Infinity", "-Infinity", "null", "true", '"0.5"', '"abc"', '{"a": 1}', "[1]", "1" * 400, "-0.0",
-            "1e400", "12345678901234567890"]
+            "1e400", "12345678901234567890", "-0", "01", "1.", "1.e5", "+1", "1E+2", "9" * 305, "-" + "9" * 320]
 
 
 def _number(rng: random.Random) -> float:

@@ -40,17 +40,17 @@ class ShapeCache:
 
     def __init__(self, build: Callable[[Shape], str]) -> None:
         self._build = build
-        self.patterns: list[tuple[re.Pattern[str], tuple[str, ...], RecordKind]] = []
+        self.patterns: list[tuple[re.Pattern[str], tuple[str, ...], RecordKind, object]] = []
         self._seen_once: dict[Shape, None] = {}
 
-    def match(self, text: str) -> tuple[re.Match[str], tuple[str, ...], RecordKind] | None:
+    def match(self, text: str) -> tuple[re.Match[str], tuple[str, ...], RecordKind, object] | None:
         patterns = self.patterns
         for i, entry in enumerate(patterns):
             m = entry[0].fullmatch(text)
             if m is not None:
                 if i:
                     patterns.insert(0, patterns.pop(i))
-                return m, entry[1], entry[2]
+                return m, entry[1], entry[2], entry[3]
         return None
 
     def seen(self, shape: Shape) -> re.Pattern[str] | None:
@@ -63,8 +63,9 @@ class ShapeCache:
         del self._seen_once[shape]
         return re.compile(self._build(shape))
 
-    def add(self, pattern: re.Pattern[str], keys: tuple[str, ...]) -> None:
-        self.patterns.insert(0, (pattern, keys, classify(keys)))
+    def add(self, pattern: re.Pattern[str], keys: tuple[str, ...], extra: object = None) -> None:
+        """`extra`: what the format's reader needs besides the keys (JSON: format, step, literal length)."""
+        self.patterns.insert(0, (pattern, keys, classify(keys), extra))
         del self.patterns[_MAX_SHAPES:]
 
 
@@ -82,13 +83,13 @@ def same_record(a: Record | None, b: Record | None) -> bool:
 # The general parser's prefix and step (parsers/verl.py), then single-spaced ` - ` separators.
 _VERL_HEAD = r"(?:\([\w.-]+ pid=\d+(?:, ip=[\d.]+)?\)\s+)?step:(\d+) - "
 _VERL_WRAPPED = re.compile(r"((?:np|numpy)\.(?:float|int|uint)\d*)\([^ ()]*\)")
-_VERL_PLAIN = "([^ ]*)"  # no space: a value never runs into the next ` - `
+_VERL_PLAIN = "([^ ]*+)"  # no space: a value never runs into the next ` - `
 
 
 def _verl_pattern(shape: Shape) -> str:
     parts = []
     for key, wrapper in shape:
-        value = _VERL_PLAIN if not wrapper else re.escape(wrapper) + r"\(([^ ()]*)\)"
+        value = _VERL_PLAIN if not wrapper else re.escape(wrapper) + r"\(([^ ()]*+)\)"
         parts.append(re.escape(key + ":") + value)
     return _VERL_HEAD + " - ".join(parts)
 
@@ -115,7 +116,7 @@ class VerlConsoleFast:
         return None if found is None else self._record(*found)
 
     @staticmethod
-    def _record(m: re.Match[str] | None, keys: tuple[str, ...], kind: RecordKind) -> Record | None:
+    def _record(m: re.Match[str] | None, keys: tuple[str, ...], kind: RecordKind, _: object = None) -> Record | None:
         if m is None:
             return None
         groups = m.groups()
@@ -147,7 +148,7 @@ class VerlConsoleFast:
 
 # --- OpenRLHF: `... ✨ Global step 12: {'policy_loss': -0.02, 'kl': 0.013}` --------------------------------
 
-_OPENRLHF_VALUE = "([^,{}'\"\\s]+)"  # a bare number: what float() reads, with nothing the pair regex could see
+_OPENRLHF_VALUE = "([^,{}'\"\\s]++)"  # a bare number: what float() reads, with nothing the pair regex could see
 
 
 def _openrlhf_pattern(shape: Shape) -> str:
@@ -167,7 +168,8 @@ class OpenRLHFFast:
         return None if found is None else self._record(*found, step)
 
     @staticmethod
-    def _record(m: re.Match[str] | None, keys: tuple[str, ...], kind: RecordKind, step: int | None) -> Record | None:
+    def _record(m: re.Match[str] | None, keys: tuple[str, ...], kind: RecordKind, _: object,
+                step: int | None) -> Record | None:
         if m is None:
             return None
         try:
@@ -184,7 +186,7 @@ class OpenRLHFFast:
         pattern = self.cache.seen(tuple((k, "") for k in keys))
         if pattern is None:
             return
-        if same_record(self._record(pattern.fullmatch(body), keys, rec.kind, rec.step), rec):
+        if same_record(self._record(pattern.fullmatch(body), keys, rec.kind, None, rec.step), rec):
             self.cache.add(pattern, keys)
 
 
@@ -207,9 +209,10 @@ def numeric_record(values: dict, fmt: str, step: int | None) -> Record | None:
 
 # --- JSON lines read by pattern: `{"step": 12, "data": {"a": 0.1, ...}}` and `{"step": 12, "a": 0.1, ...}` ------
 
-# A JSON number that float() reads as json.loads + flatten_numeric do: an integer part of at most 300 digits
-# (json's int -> float would fail past a float's range where float() gives inf), NaN and the infinities.
-_JSON_NUMBER = r"(-?(?:0|[1-9][0-9]{0,299})(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|NaN|-?Infinity)"
+# A JSON number (NaN and the infinities too), which float() reads as json.loads + flatten_numeric do, but for
+# `-0` (json: the integer 0) and integers past a float's range (json: skipped, float(): inf): values of more
+# than 300 characters and `-0` are left to json.loads.
+_JSON_NUMBER = r"(-?(?:0|[1-9][0-9]*+)(?:\.[0-9]++)?+(?:[eE][-+]?+[0-9]++)?+|NaN|-?Infinity)"  # possessive: linear
 _JSON_STEP = "(0|[1-9][0-9]{0,14})"  # a JSON integer below 2**53
 
 
@@ -224,25 +227,25 @@ def _json_pattern(shape: tuple) -> str:
 class JsonFast:
     def __init__(self) -> None:
         self.cache = ShapeCache(_json_pattern)
-        self._fmts: dict[tuple[str, ...], tuple[str, bool]] = {}  # keys -> (format, has a step)
 
     def parse(self, s: str) -> Record | None:
         """The record of the stripped line `s`, or None: read it with json.loads."""
         found = self.cache.match(s)
         return None if found is None else self._record(*found)
 
-    def _record(self, m: re.Match[str] | None, keys: tuple[str, ...], kind: RecordKind) -> Record | None:
+    @staticmethod
+    def _record(m: re.Match[str] | None, keys: tuple[str, ...], kind: RecordKind, extra: object) -> Record | None:
         if m is None:
             return None
-        fmt, has_step = self._fmts[keys]
+        fmt, has_step, literal = extra  # type: ignore[misc]
         groups = m.groups()
         if has_step:
             step: int | None = int(groups[0])
             groups = groups[1:]
         else:
             step = None
-        if "-0" in groups:  # json reads `-0` as the integer 0, which is exported as 0.0, not -0.0
-            return None
+        if "-0" in groups or (len(m.string) - literal > 300 and max(map(len, groups)) > 300):
+            return None  # json reads `-0` as the integer 0 (exported 0.0, not -0.0); a long integer may overflow
         return Record.of_kind(keys, list(map(float, groups)), fmt, step, kind)
 
     def learn(self, s: str, obj: dict, rec: Record) -> None:
@@ -266,12 +269,7 @@ class JsonFast:
         pattern = self.cache.seen(shape)  # type: ignore[arg-type]
         if pattern is None:
             return
-        if len(self._fmts) >= 4 * _MAX_SHAPES:
-            self._fmts.clear()  # with the patterns that need them
-            self.cache.patterns.clear()
-        known = self._fmts.get(rec.shape)
-        if known is not None and known != (rec.fmt, shape[0] is not None):
-            return  # the same keys under another head: one reading per keys tuple
-        self._fmts[rec.shape] = (rec.fmt, shape[0] is not None)
-        if same_record(self._record(pattern.fullmatch(s), rec.shape, rec.kind), rec):
-            self.cache.add(pattern, rec.shape)
+        literal = sum(len(json.dumps(k)) for k in rec.shape)  # at most the line's text that is no value
+        extra = (rec.fmt, shape[0] is not None, literal)
+        if same_record(self._record(pattern.fullmatch(s), rec.shape, rec.kind, extra), rec):
+            self.cache.add(pattern, rec.shape, extra)
