@@ -582,3 +582,327 @@ def test_web_config_from_a_secret_serves_tls_and_auth_for_real(chart, tmp_path):
     finally:
         proc.terminate()
         assert proc.wait(10) == 0, proc.stderr.read().decode()
+
+
+# --- the cluster's version: native sidecar or the fallback ------------------------------------------------------
+
+OLD_KUBE, NEW_KUBE = "1.28.0", "1.30.0"
+
+
+def render_at(chart, values: dict | None, kube_version: str, name: str = RELEASE,
+              namespace: str = NAMESPACE) -> list[dict]:
+    """Like render(), as `helm template --kube-version` renders: .Capabilities.KubeVersion is kube_version.
+    helm-python-sdk's Chart.render has no such argument; its native render call takes the option as the Helm SDK
+    does (kube_version in the options), so it is called directly."""
+    from helm_python import _native
+
+    out = json.loads(_native.call_string("helm_render", chart._raw(), None if values is None else json.dumps(values),
+                                         json.dumps({"name": name, "namespace": namespace,
+                                                     "kube_version": "v" + kube_version})))
+    return [d for path, text in sorted(out.items()) if not path.endswith("NOTES.txt")
+            for d in yaml.safe_load_all(text) if d]
+
+
+def test_native_sidecar_follows_the_kube_version(chart, kval):
+    old = pod_spec(render_at(chart, {"exampleJob": {"enabled": True}}, OLD_KUBE))
+    new = pod_spec(render_at(chart, {"exampleJob": {"enabled": True}}, NEW_KUBE))
+    # 1.30: an init container with restartPolicy Always, the trainer alone in containers
+    assert [c["name"] for c in new["initContainers"]] == ["posttrain-exporter"]
+    assert new["initContainers"][0]["restartPolicy"] == "Always"
+    assert [c["name"] for c in new["containers"]] == ["trainer"]
+    # 1.28: the fallback, a regular container stopped by the trainer's done file
+    assert "initContainers" not in old
+    assert [c["name"] for c in old["containers"]] == ["trainer", "posttrain-exporter"]
+    assert "restartPolicy" not in sidecar_of(old)
+    assert "trap 'touch /logs/.training-done' EXIT" in old["containers"][0]["args"][0]
+    for version, spec in ((OLD_KUBE, old), (NEW_KUBE, new)):
+        kval.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "x"},
+                       "template": {"spec": spec}}, version, strict=True)
+    # forced either way
+    assert "initContainers" not in pod_spec(render_at(chart, {"exampleJob": {"enabled": True},
+                                                             "sidecar": {"native": False}}, NEW_KUBE))
+
+
+def test_forced_native_sidecar_on_an_old_cluster_fails_clearly(helm, chart):
+    with pytest.raises(helm.HelmRenderError, match=r"sidecar.native=true needs Kubernetes 1.29 or later .*"
+                                                   r"the cluster is v1.28.0"):
+        render_at(chart, {"exampleJob": {"enabled": True}, "sidecar": {"native": True}}, OLD_KUBE)
+    assert sidecar_of(pod_spec(render_at(chart, {"exampleJob": {"enabled": True}, "sidecar": {"native": True}},
+                                         "1.29.0")))["restartPolicy"] == "Always"
+
+
+def test_chart_kube_version_is_honest():
+    """The chart works from 1.25 (the fallback) and says so; the native sidecar is not assumed from it."""
+    meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert meta["kubeVersion"] == ">=1.25.0-0"
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["sidecar"]["native"] is None
+
+
+# --- the values users reach for ----------------------------------------------------------------------------------
+
+
+def test_new_values_reach_the_rendered_objects(chart, kval):
+    mount = {"name": "hf-cache", "mountPath": "/cache", "readOnly": True}
+    startup = {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 10, "failureThreshold": 360}
+    relabel = [{"sourceLabels": ["__meta_kubernetes_pod_label_training_kubeflow_org_replica_index"],
+                "targetLabel": "rank"}]
+    metric_relabel = [{"sourceLabels": ["__name__"], "regex": "posttrain_gpu_.*", "action": "keep"}]
+    docs = render_at(chart, {
+        "exampleJob": {"enabled": True},
+        "sidecar": {"extraVolumeMounts": [mount], "startupProbe": startup,
+                    "extraArgs": ["--log.level", "debug", "--log.format", "json"]},
+        "podMonitor": {"honorLabels": True, "relabelings": relabel, "metricRelabelings": metric_relabel,
+                       **SCRAPE_AUTH},
+        "prometheusRule": {"additionalRuleLabels": {"team": "ml-platform", "severity": "none"},
+                           "runbookBaseUrl": "https://wiki.example.com/posttrain/runbooks/"}}, NEW_KUBE)
+    side = sidecar_of(pod_spec(docs))
+    assert mount in side["volumeMounts"]
+    assert side["startupProbe"] == {**side["startupProbe"], **startup}  # merged into the chart's default
+    args = build_parser().parse_args(side["args"])  # extraArgs are serve's options, after the subcommand
+    assert side["args"][0] == "serve" and side["args"][-4:] == ["--log.level", "debug", "--log.format", "json"]
+    assert args.command == "serve"
+    (pm,) = of_kind(docs, "PodMonitor")
+    jsonschema.Draft7Validator(CRD_SCHEMAS["PodMonitor"]).validate(pm)
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert endpoint["honorLabels"] is True and endpoint["scheme"] == "https"
+    assert endpoint["relabelings"] == relabel and endpoint["metricRelabelings"] == metric_relabel
+    assert endpoint["tlsConfig"] == SCRAPE_AUTH["tlsConfig"]
+    rules = [r for g in rule_groups(docs) for r in g["rules"]]
+    assert all(r["labels"]["team"] == "ml-platform" for r in rules)  # every rule, recording ones too
+    # a label the rule sets itself keeps the rule's value
+    assert {r["labels"]["severity"] for r in rules if "alert" in r} <= {"critical", "warning"}
+    assert all(r["labels"]["severity"] == "none" for r in rules if "record" in r)
+    urls = [r["annotations"]["runbook_url"] for r in rules if "alert" in r]
+    src = {r["alert"]: r["annotations"]["runbook_url"] for g in source_groups() for r in g["rules"] if "alert" in r}
+    assert urls and all(u.startswith("https://wiki.example.com/posttrain/runbooks#") for u in urls)
+    assert sorted(u.split("#")[1] for u in urls) == sorted(u.split("#")[1] for u in src.values())
+    for doc in docs:
+        if doc["kind"] in CRD_SCHEMAS:
+            jsonschema.Draft7Validator(CRD_SCHEMAS[doc["kind"]]).validate(doc)
+        else:
+            kval.validate(doc, NEW_KUBE, strict=True)
+
+
+def test_kubernetes_log_source_gets_the_downward_api_and_rbac(chart, kval):
+    values = {"exampleJob": {"enabled": True}, "serviceAccount": {"create": True},
+              "sidecar": {"logSource": "kubernetes", "kubernetesLogs": {"container": "trainer"}}}
+    docs = render_at(chart, values, NEW_KUBE)
+    spec = pod_spec(docs)
+    side = sidecar_of(spec)
+    args = build_parser().parse_args(side["args"])
+    assert args.logs == ["k8s://trainer"]
+    env = {e["name"]: e.get("valueFrom") for e in side["env"]}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    (sa,) = of_kind(docs, "ServiceAccount")
+    (role,) = of_kind(docs, "Role")
+    (binding,) = of_kind(docs, "RoleBinding")
+    assert spec["serviceAccountName"] == sa["metadata"]["name"] == FULLNAME
+    assert {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]} in role["rules"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+    for doc in docs:
+        if doc["kind"] not in CRD_SCHEMAS:
+            kval.validate(doc, NEW_KUBE, strict=True)
+    # an existing service account, no RBAC of ours: nothing rendered for it
+    docs = render_at(chart, {**values, "serviceAccount": {"name": "trainer"}, "rbac": {"create": False}}, NEW_KUBE)
+    assert pod_spec(docs)["serviceAccountName"] == "trainer"
+    assert not of_kind(docs, "ServiceAccount") and not of_kind(docs, "Role") and not of_kind(docs, "RoleBinding")
+    # the file source (default) has neither
+    docs = render_at(chart, {"exampleJob": {"enabled": True}}, NEW_KUBE)
+    assert not of_kind(docs, "Role") and "serviceAccountName" not in pod_spec(docs)
+    assert "POD_NAME" not in {e["name"] for e in sidecar_of(pod_spec(docs)).get("env", [])}
+
+
+@pytest.mark.parametrize(("values", "where"), [
+    ({"sidecar": {"native": "yes"}}, "/sidecar/native"),
+    ({"sidecar": {"logSource": "stdin"}}, "/sidecar/logSource"),
+    ({"sidecar": {"kubernetesLogs": {"container": "Trainer"}}}, "/sidecar/kubernetesLogs/container"),
+    ({"sidecar": {"runLabel": "training.kubeflow.org/job name"}}, "/sidecar/runLabel"),
+    ({"sidecar": {"extraVolumeMounts": [{"name": "x"}]}}, "/sidecar/extraVolumeMounts/0"),
+    ({"podMonitor": {"honorLabels": "true"}}, "/podMonitor/honorLabels"),
+    ({"podMonitor": {"relabelings": [{"source_labels": ["a"]}]}}, "additional properties 'source_labels'"),
+    ({"podMonitor": {"metricRelabelings": [{"action": "keepit"}]}}, "/podMonitor/metricRelabelings/0/action"),
+    ({"prometheusRule": {"additionalRuleLabels": {"team-name": "ml"}}}, "/prometheusRule/additionalRuleLabels"),
+    ({"prometheusRule": {"runbookBaseUrl": "wiki/runbooks#x"}}, "/prometheusRule/runbookBaseUrl"),
+    ({"serviceAccount": {"craete": True}}, "additional properties 'craete' not allowed"),
+])
+def test_schema_refuses_wrong_new_values(helm, chart, values, where):
+    with pytest.raises(helm.HelmValuesError) as e:
+        chart.render(values=values, name=RELEASE)
+    assert where in str(e.value), str(e.value)
+
+
+# --- rules, dashboards and the PodMonitor once per cluster ----------------------------------------------------------
+
+EXAMPLES = REPO / "helm" / "examples"
+
+
+def test_cluster_release_holds_rules_dashboards_and_one_podmonitor(chart, kval):
+    docs = render_at(chart, yaml.safe_load((EXAMPLES / "cluster-values.yaml").read_text()), NEW_KUBE,
+                     name="posttrain", namespace="monitoring")
+    (pm,) = of_kind(docs, "PodMonitor")
+    assert pm["spec"]["namespaceSelector"] == {"any": True}
+    assert pm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert len(of_kind(docs, "PrometheusRule")) == 1
+    assert len([d for d in of_kind(docs, "ConfigMap") if "grafana_dashboard" in d["metadata"]["labels"]]) == \
+        len(list(GRAFANA_DIR.glob("*.json")))
+    assert of_kind(docs, "Job") == []
+    for doc in docs:
+        if doc["kind"] in CRD_SCHEMAS:
+            jsonschema.Draft7Validator(CRD_SCHEMAS[doc["kind"]]).validate(doc)
+        else:
+            kval.validate(doc, NEW_KUBE, strict=True)
+
+
+# --- the examples: a Job, a PyTorchJob, a RayJob and a JobSet ------------------------------------------------------
+
+OPERATOR_SCHEMAS = {kind: json.loads((REPO / "tests" / "schemas" / f"{kind.lower()}.schema.json").read_text())
+                    for kind in ("PyTorchJob", "RayJob", "JobSet")}
+# kind -> (run label, where the operator sets it). Checked against the operators' sources; see helm/examples/README.md.
+RUN_LABELS = {
+    # kubernetes/kubernetes staging/src/k8s.io/api/batch/v1/types.go (JobNameLabel; the legacy unprefixed one)
+    "job": "job-name",
+    # kubeflow/training-operator pkg/apis/kubeflow.org/v1/common_types.go (JobNameLabel)
+    "pytorchjob": "training.kubeflow.org/job-name",
+    # ray-project/kuberay ray-operator/controllers/ray/utils/constant.go (RayClusterLabelKey)
+    "rayjob": "ray.io/cluster",
+    # kubernetes-sigs/jobset api/jobset/v1alpha2/jobset_types.go (JobSetNameKey)
+    "jobset": "jobset.sigs.k8s.io/jobset-name",
+}
+
+
+def example_chart(tmp_path: Path, name: str) -> Path:
+    """The example as a user has it after `helm dependency build`: this chart under charts/."""
+    dest = tmp_path / name
+    shutil.copytree(EXAMPLES / name, dest)
+    shutil.copytree(CHART, dest / "charts" / "posttrain-exporter")
+    return dest
+
+
+def pod_templates(doc: dict) -> list[tuple[str, dict]]:
+    """(role, PodTemplateSpec) of every pod a workload makes; role "rank0" for the pod that reads the log."""
+    spec = doc["spec"]
+    if doc["kind"] == "Job":
+        return [("rank0", spec["template"])]
+    if doc["kind"] == "PyTorchJob":
+        return [("rank0" if role == "Master" else "worker", r["template"])
+                for role, r in spec["pytorchReplicaSpecs"].items()]
+    if doc["kind"] == "RayJob":
+        cluster = spec["rayClusterSpec"]
+        return [("rank0", cluster["headGroupSpec"]["template"])] + \
+               [("worker", g["template"]) for g in cluster["workerGroupSpecs"]]
+    if doc["kind"] == "JobSet":
+        return [("rank0" if r["name"] == "leader" else "worker", r["template"]["spec"]["template"])
+                for r in spec["replicatedJobs"]]
+    raise AssertionError(doc["kind"])
+
+
+def validate_workload(kval, doc: dict, version: str) -> None:
+    """Core kinds against Kubernetes' schemas; an operator's kind against its schema in tests/schemas/, and the pod
+    (or Job) templates inside it against Kubernetes' schemas."""
+    if doc["kind"] not in OPERATOR_SCHEMAS:
+        kval.validate(doc, version, strict=True)
+        return
+    jsonschema.Draft7Validator(OPERATOR_SCHEMAS[doc["kind"]]).validate(doc)
+    if doc["kind"] == "JobSet":
+        for r in doc["spec"]["replicatedJobs"]:
+            kval.validate({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": r["name"]},
+                           "spec": r["template"]["spec"]}, version, strict=True)
+    else:
+        for role, template in pod_templates(doc):
+            kval.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": role},
+                           "template": template}, version, strict=True)
+
+
+@pytest.mark.parametrize("version", [OLD_KUBE, NEW_KUBE])
+@pytest.mark.parametrize("name", list(RUN_LABELS))
+def test_example_renders_lints_and_validates(helm, kval, tmp_path, name, version):
+    path = example_chart(tmp_path, name)
+    report = helm.lint(path, {}, strict=True, kube_version="v" + version)
+    assert not report["errors"] and [m for m in report["messages"] if m["severity"] >= 2] == [], report
+    with helm.Chart.load(path) as c:
+        docs = render_at(c, None, version, name="grpo-7b", namespace="team-a")
+    (workload,) = [d for d in docs if d["kind"] not in ("ConfigMap",)]
+    for doc in docs:
+        validate_workload(kval, doc, version)
+    # per run: no rules, dashboards or PodMonitor (the cluster release has them), only the sidecar's config
+    assert {d["kind"] for d in docs} == {"ConfigMap", workload["kind"]}
+    cluster = render_at(helm.Chart.load(CHART), yaml.safe_load((EXAMPLES / "cluster-values.yaml").read_text()),
+                        version)
+    (pm,) = of_kind(cluster, "PodMonitor")
+    templates = pod_templates(workload)
+    assert [r for r, _ in templates].count("rank0") == 1
+    native = version == NEW_KUBE
+    for role, template in templates:
+        spec = template["spec"]
+        # the cluster's PodMonitor selects every pod of the run
+        assert pm["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+        side = sidecar_of(spec)
+        assert (side in spec.get("initContainers", [])) == native
+        assert (side.get("restartPolicy") == "Always") == native
+        # every pod names the run from the operator's own label
+        args = build_parser().parse_args(side["args"])
+        assert args.run == "$(RUN_NAME)"
+        (run_env,) = [e for e in side["env"] if e["name"] == "RUN_NAME"]
+        assert run_env["valueFrom"] == {"fieldRef": {"fieldPath": f"metadata.labels['{RUN_LABELS[name]}']"}}
+        # rank 0 reads the training log, the others serve their GPUs and the run's label only
+        assert args.logs == (["/logs/train.log"] if role == "rank0" else ["/dev/null"])
+        assert not args.no_gpu
+        if role == "rank0" and name != "rayjob":
+            trainer = spec["containers"][0]
+            assert "2>&1 | tee /logs/train.log" in trainer["args"][0]
+            assert ("trap 'touch /logs/.training-done' EXIT" in trainer["args"][0]) == (not native)
+    if name == "rayjob":  # the entrypoint runs on the head pod, whose sidecar follows the log it writes
+        assert "| tee /logs/train.log" in workload["spec"]["entrypoint"]
+        assert all(t["spec"]["containers"][0]["name"].startswith("ray-") for _, t in templates)  # Ray first
+    if name == "pytorchjob":
+        assert all(t["spec"]["containers"][0]["name"] == "pytorch" for _, t in templates)
+
+
+@pytest.mark.parametrize(("kind", "path", "typo"), [
+    ("PyTorchJob", ["spec"], "pytorchReplicaSpec"),
+    ("PyTorchJob", ["spec", "pytorchReplicaSpecs"], "Launcher"),
+    ("RayJob", ["spec", "rayClusterSpec"], "workerGroupSpec"),
+    ("RayJob", ["spec", "rayClusterSpec", "workerGroupSpecs", 0], "replica"),
+    ("JobSet", ["spec", "replicatedJobs", 0], "replica"),
+    ("JobSet", ["spec"], "sucessPolicy"),
+])
+def test_operator_schemas_catch_typos(helm, tmp_path, kind, path, typo):
+    """The CRD schemas refuse an unknown field where the operator's CRD would prune or refuse it."""
+    with helm.Chart.load(example_chart(tmp_path, kind.lower())) as c:
+        (doc,) = of_kind(render_at(c, None, NEW_KUBE, name="grpo-7b"), kind)
+    validator = jsonschema.Draft7Validator(OPERATOR_SCHEMAS[kind])
+    validator.validate(doc)
+    node = doc
+    for key in path:
+        node = node[key]
+    node[typo] = 1
+    assert any(typo in e.message for e in validator.iter_errors(doc))
+
+
+def test_gpu_only_worker_serves_the_run_label_for_real(helm, tmp_path):
+    """A worker's rendered sidecar (logSource none) started with the real exporter: it serves the run's
+    posttrain_run_finished (what the GPU board joins each pod's GPUs on) and no training record."""
+    with helm.Chart.load(example_chart(tmp_path, "pytorchjob")) as c:
+        (job,) = of_kind(render_at(c, None, NEW_KUBE, name="grpo-7b"), "PyTorchJob")
+    side = sidecar_of(job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"])
+    port = free_port()
+    args = [a.replace("$(RUN_NAME)", "grpo-7b").replace("/etc/posttrain-exporter/config.yaml", os.devnull)
+            .replace("0.0.0.0:9847", f"127.0.0.1:{port}") for a in side["args"]] + ["--no-gpu"]
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        deadline, body = time.monotonic() + 20, ""
+        while time.monotonic() < deadline and "posttrain_run_finished{" not in body:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                time.sleep(0.2)
+        assert 'posttrain_run_finished{run="grpo-7b"} 0.0' in body
+        assert "posttrain_step{" not in body  # no record: no stall alert for a worker
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).status == 200
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0, proc.stderr.read().decode()

@@ -116,8 +116,9 @@ The sidecar container, one list item. A native sidecar (see posttrain-exporter.n
 initContainers; the fallback in containers, and the trainer touches sidecar.doneFile when it exits (README.md).
 Its port is named `metrics`. Besides root, values and run, the context may give, for this pod only:
   logSource  file (follow sidecar.logFile on the shared volume), kubernetes (follow the container
-             sidecar.kubernetesLogs.container of this pod through the Kubernetes API) or none (GPU counters
-             only: the other ranks of a multi-node run); default sidecar.logSource
+             sidecar.kubernetesLogs.container of this pod through the Kubernetes API) or none (no log, the
+             run's label and GPU counters only: the ranks other than 0 of a multi-node run); default
+             sidecar.logSource
   runLabel   the pod label the run name is read from (downward API) when no run is given; default
              sidecar.runLabel (job-name)
   initContainers:
@@ -139,6 +140,10 @@ Its port is named `metrics`. Besides root, values and run, the context may give,
 {{- $args = concat $args (list "--log" $s.logFile) -}}
 {{- else if eq $source "kubernetes" -}}
 {{- $args = concat $args (list "--log" (printf "k8s://%s" $s.kubernetesLogs.container)) -}}
+{{- else -}}
+{{- /* none: an empty log. The exporter still serves the run's series (posttrain_run_finished{run}, which the GPU
+board joins the pod's GPUs on) and its GPUs, and no records (no step, so no stall alert). */ -}}
+{{- $args = concat $args (list "--log" "/dev/null") -}}
 {{- end -}}
 {{- $args = concat $args (list "--run" $run "--config" "/etc/posttrain-exporter/config.yaml" "--listen-address" (printf "0.0.0.0:%d" (int $s.port))) -}}
 {{- $web := $s.webConfig | default dict -}}
