@@ -901,8 +901,26 @@ def test_gpu_only_worker_serves_the_run_label_for_real(helm, tmp_path):
             except OSError:
                 time.sleep(0.2)
         assert 'posttrain_run_finished{run="grpo-7b"} 0.0' in body
-        assert "posttrain_step{" not in body  # no record: no stall alert for a worker
+        # no record: no step, and no last-record time, so PostTrainTrainerStalled never fires on a worker
+        assert "posttrain_step{" not in body and "posttrain_exporter_last_record_timestamp_seconds{" not in body
         assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).status == 200
     finally:
         proc.terminate()
         assert proc.wait(10) == 0, proc.stderr.read().decode()
+
+
+def test_kubernetes_docs_link_what_exists():
+    """The README's Kubernetes walk-through, the chart's README and the examples' README point at files that exist."""
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Kubernetes\n"):readme.index("\n## ", readme.index("## Kubernetes\n") + 1)]
+    for needed in ("docs/kubernetes-source.md", "docs/alertmanager.example.yml", "helm/examples/cluster-values.yaml",
+                   "helm/examples/pytorchjob", "severity", "training.kubeflow.org/job-name"):
+        assert needed in section, needed
+    docs = [(REPO / "README.md", section), (CHART / "README.md", None), (EXAMPLES / "README.md", None)]
+    for path, text in docs:
+        text = text if text is not None else path.read_text()
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if not target.startswith(("http://", "https://")):
+                assert (path.parent / target).exists(), f"{path.relative_to(REPO)} links {target}, which is missing"
