@@ -774,11 +774,17 @@ RUN_LABELS = {
 
 
 def example_chart(tmp_path: Path, name: str) -> Path:
-    """The example as a user has it after `helm dependency build`: this chart under charts/."""
-    dest = tmp_path / name
-    shutil.copytree(EXAMPLES / name, dest)
-    shutil.copytree(CHART, dest / "charts" / "posttrain-exporter")
-    return dest
+    """The example as a user has it after `helm dependency update helm/examples/NAME`: Helm resolves its
+    `file://../../posttrain-exporter` dependency and packages this chart into charts/ (in a copy of helm/, so that
+    the repository stays clean)."""
+    import helm_python
+
+    helm_dir = tmp_path / "helm"
+    shutil.copytree(CHART, helm_dir / "posttrain-exporter")
+    shutil.copytree(EXAMPLES / name, helm_dir / "examples" / name)
+    helm_python.dependency_update(helm_dir / "examples" / name, skip_refresh=True)
+    assert [p.name for p in (helm_dir / "examples" / name / "charts").iterdir()] == ["posttrain-exporter-0.1.0.tgz"]
+    return helm_dir / "examples" / name
 
 
 def pod_templates(doc: dict) -> list[tuple[str, dict]]:
