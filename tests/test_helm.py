@@ -122,7 +122,10 @@ def test_image_tag_is_the_app_version():
 
 
 @pytest.mark.parametrize("values", [{}, {"exampleJob": {"enabled": True}},
-                                    {"exampleJob": {"enabled": True}, "sidecar": {"native": False}}])
+                                    {"exampleJob": {"enabled": True}, "sidecar": {"native": False}},
+                                    {"exampleJob": {"enabled": True}, "sidecar": {"logSource": "kubernetes"},
+                                     "serviceAccount": {"create": True}},
+                                    yaml.safe_load((REPO / "helm" / "examples" / "cluster-values.yaml").read_text())])
 def test_lint_strict_is_clean(helm, values):
     report = helm.lint(CHART, values, strict=True, kube_version="v" + NATIVE_SIDECAR_MIN)
     assert not report["errors"], report
