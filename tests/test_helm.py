@@ -302,7 +302,10 @@ def test_config_configmap_is_a_config_the_exporter_accepts(chart):
     assert loaded["thresholds"]["kl_warning"] == 0.3 and loaded["run"] == "grpo-7b"
     parse_config(loaded)  # raises ConfigError on a config the exporter would refuse at start
     (default_cm,) = [d for d in of_kind(render(chart), "ConfigMap") if d["metadata"]["name"] == FULLNAME]
-    parse_config(yaml.safe_load(default_cm["data"]["config.yaml"]))
+    # The chart copies no default of the exporter's (a threshold's default changes in one place, the exporter):
+    # by default the config is empty and the exporter's own defaults apply.
+    assert parse_config(yaml.safe_load(default_cm["data"]["config.yaml"])) == parse_config({})
+    assert not yaml.safe_load((CHART / "values.yaml").read_text())["config"]
 
 
 def test_fallback_wrapper_stops_the_exporter_when_the_trainer_is_done(rendered, tmp_path):
