@@ -257,9 +257,11 @@ def _serve_options(p: argparse.ArgumentParser, formats: list[str]) -> None:
 _LABEL_VALUE = re.compile(r"^[^\s{}]+$")  # as the config's run labels
 
 
-def _specs(cfg: Config, paths: list[str], run: str | None, fmt: str, *, child: LogSpec | None = None) -> list[LogSpec]:
+def _specs(cfg: Config, paths: list[str], run: str | None, fmt: str, *, child: LogSpec | None = None,
+           gpu_only: bool = False) -> list[LogSpec]:
     """The logs to read: the config's, then those of --log. With `child` (the `run` command: the trainer's
-    output, first, under its own name) no log is needed and standard input is not one."""
+    output, first, under its own name) no log is needed and standard input is not one. `gpu_only` (serve):
+    no log is needed when a run is named, for the pods of a multi-node run that do not log."""
     known = known_formats(cfg.formats)
     if fmt not in known:
         raise UsageError(f"--format: unknown format {fmt!r} (known: {', '.join(known)})")
@@ -272,7 +274,10 @@ def _specs(cfg: Config, paths: list[str], run: str | None, fmt: str, *, child: L
         specs.append(LogSpec(path, run or cfg.run or default_run_name(path), fmt))
         explicit.append(bool(run or cfg.run))
     if not specs:
-        raise UsageError("no log to read: pass --log PATH (or '-' for standard input), or list `logs` in --config")
+        if gpu_only and (run or cfg.run):
+            return []
+        raise UsageError("no log to read: pass --log PATH (or '-' for standard input), or list `logs` in --config"
+                         + (" (or only --run NAME: a GPU-only sidecar)" if gpu_only else ""))
     if sum(s.path == "-" for s in specs) > 1:
         raise UsageError("run reads the trainer's output: standard input ('-') cannot be a log here" if child
                          else "standard input ('-') can be read only once")
@@ -428,10 +433,13 @@ def _web(args: argparse.Namespace) -> WebConfig | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     web = _web(args)
-    specs = _specs(cfg, args.logs, args.run, args.format)
+    specs = _specs(cfg, args.logs, args.run, args.format, gpu_only=True)
     exporter = Exporter(cfg, [])
     for spec in specs:  # standard input is copied to standard output: the pod log stays whole
         exporter.add_input(spec, StdinReader(tee_fd=sys.stdout.fileno()) if spec.path == "-" else None)
+    if not specs:  # a GPU-only sidecar (the other ranks of a multi-node run): the run's series, its GPUs, no records
+        exporter.run_state(args.run or cfg.run)
+        log.info("no log: serving run %s's GPUs only", args.run or cfg.run)
     exporter.stop_signal = _stop_signal(cfg)
     listen = args.listen_address or cfg.listen_address
     _parse_listen(listen)

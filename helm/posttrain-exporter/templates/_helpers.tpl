@@ -140,11 +140,9 @@ Its port is named `metrics`. Besides root, values and run, the context may give,
 {{- $args = concat $args (list "--log" $s.logFile) -}}
 {{- else if eq $source "kubernetes" -}}
 {{- $args = concat $args (list "--log" (printf "k8s://%s" $s.kubernetesLogs.container)) -}}
-{{- else -}}
-{{- /* none: an empty log. The exporter still serves the run's series (posttrain_run_finished{run}, which the GPU
-board joins the pod's GPUs on) and its GPUs, and no records (no step, so no stall alert). */ -}}
-{{- $args = concat $args (list "--log" "/dev/null") -}}
 {{- end -}}
+{{- /* none: no --log. `serve --run NAME` alone is a GPU-only sidecar: the run's series (posttrain_run_finished{run},
+which the GPU board joins the pod's GPUs on) and its GPUs, and no records (no step, so no stall alert). */ -}}
 {{- $args = concat $args (list "--run" $run "--config" "/etc/posttrain-exporter/config.yaml" "--listen-address" (printf "0.0.0.0:%d" (int $s.port))) -}}
 {{- $web := $s.webConfig | default dict -}}
 {{- if $web.secretName -}}
