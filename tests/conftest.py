@@ -21,8 +21,7 @@ from exporter.instruments.settings import DerivedSettings
 from exporter.parsers.record import Record
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
-from loopback import free_port as free_port  # noqa: E402  (re-exported; shared with scripts/preview_dashboards.py)
+from support.loopback import free_port as free_port  # noqa: E402  (re-exported for the tests)
 
 FIXTURES = Path(os.environ.get("POSTTRAIN_FIXTURES", REPO / "tests" / "fixtures"))
 TRL = FIXTURES / "trl"

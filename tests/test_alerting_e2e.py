@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from conftest import REPO, TRL, exporter_cmd, free_port, require_binary
-from loopback import Processes, http_ready
+from support.loopback import Processes, http_ready
 from support.stack import Stack, Webhook, server_commands, write_configs
 from support.stack import webhook as webhook_server
 

@@ -9,11 +9,11 @@ and run as the panel's transformations do, must give the steps the trainer logge
 from __future__ import annotations
 
 import enum
-import importlib.util
 import itertools
 import json
 import math
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -27,23 +27,11 @@ from grafana_foundation_sdk.cog import runtime as cogruntime
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models import common, dashboard, trend
+from support import boards as preview
 
+from exporter import dashboards as gen
+from exporter.dashboards.builders import STEP_FIELD, STEP_ROW
 from exporter.instruments.keymap import KeyMap
-
-SCRIPTS = REPO / "scripts"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-sys.path.insert(0, str(SCRIPTS))
-gen = _load("gen_dashboards")
-preview = _load("preview_dashboards")
 
 BOARDS = {name: json.loads((REPO / "grafana" / f"{name}.json").read_text()) for name in gen.BOARDS}
 FIXTURE_RUNS = {"grpo": ["grpo", "grpo_saturated"], "dpo": ["dpo"], "sft": ["sft"]}
@@ -285,7 +273,7 @@ def test_step_panels_are_sdk_trend_panels() -> None:
     assert len(panels) == 14
     for p in panels:
         model = dashboard.Panel.from_json(p)
-        assert isinstance(model.options, trend.Options) and model.options.x_field == gen.STEP_FIELD
+        assert isinstance(model.options, trend.Options) and model.options.x_field == STEP_FIELD
         assert isinstance(model.field_config.defaults.custom, common.GraphFieldConfig)
         assert model.field_config.defaults.custom.span_nulls is True, "a run without a value at a step: a gap"
         assert [tr.id_val for tr in map(dashboard.DataTransformerConfig.from_json, p["transformations"])] \
@@ -317,7 +305,7 @@ def step_panels(board: dict) -> list[dict]:
 @pytest.mark.parametrize("name", sorted(STEP_INSTRUMENTS))
 def test_step_row_holds_the_primary_instruments(name: str) -> None:
     board = BOARDS[name]
-    rows = [p for p in board["panels"] if p["type"] == "row" and p["title"] == gen.STEP_ROW]
+    rows = [p for p in board["panels"] if p["type"] == "row" and p["title"] == STEP_ROW]
     assert len(rows) == 1 and rows[0]["collapsed"] and rows[0]["panels"] == step_panels(board)
     assert {step_instrument(p) for p in step_panels(board)} == STEP_INSTRUMENTS[name]
     for p in step_panels(board):
@@ -490,3 +478,11 @@ def test_step_panels_overlay_the_logged_steps(replayed, board: str, runs: list[s
                 assert step.is_integer() and int(step) in truth, f"{where}: step {step} was never logged"
                 assert any(printed_as(exact, value) for exact in truth[int(step)]), \
                     f"{where}: step {int(step)} drawn at {value}, logged {truth[int(step)]}"
+
+
+def test_the_serve_path_does_not_import_the_board_generator() -> None:
+    """exporter/dashboards/ is a generator: the sidecar's import path stays as light as it was."""
+    code = ("import sys, exporter.cli, exporter.app; "
+            "print(sorted(m for m in sys.modules if m.startswith('exporter.dashboards')))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -25,11 +25,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 from conftest import REPO, TRL, require_binary
+from support import boards as preview
+from support.loopback import Processes, free_port, http_ready
 
-sys.path.insert(0, str(REPO / "scripts"))
-import gen_dashboards
-import preview_dashboards as preview
-from loopback import Processes, free_port, http_ready
+from exporter.dashboards import gpu as gpu_board
+from exporter.dashboards import grpo as grpo_board
 
 RUN = "grpo-multi"
 # pod -> (namespace, log holds training records, {UUID: utilization %})
@@ -157,7 +157,7 @@ def test_gpu_series_join_dcgm_on_uuid(stack) -> None:
 
 
 def gpu_targets() -> list[tuple[str, str, str]]:
-    board = gen_dashboards.gpu()
+    board = gpu_board.gpu()
     return [(p["title"], tg["refId"], tg["expr"]) for p in preview.all_panels(board) for tg in p.get("targets", [])
             if "posttrain_gpu_" in tg["expr"]]
 
@@ -185,7 +185,7 @@ def test_gpu_board_keeps_every_rank(stack) -> None:
 
 
 def test_same_run_name_in_two_namespaces_stays_two_runs(stack) -> None:
-    board = gen_dashboards.grpo()
+    board = grpo_board.grpo()
     step = next(p for p in preview.all_panels(board) if p["title"] == "Step")["targets"][0]["expr"]
     both = stack.query(preview.substitute(step, [RUN]))
     assert sorted(r["metric"]["namespace"] for r in both) == ["team-a", "team-b"]

@@ -1,0 +1,92 @@
+"""The GPU board: NVML sampling of the training pods' GPUs (docs/gpu.md), every rank of a multi-node run."""
+
+from __future__ import annotations
+
+from exporter.dashboards.builders import (
+    KEY,
+    KEY_LABELS,
+    dashboard,
+    override,
+    right,
+    row,
+    series,
+    stat,
+    state,
+    t,
+    timeseries,
+    value_mappings,
+)
+from exporter.gpu.phase import PHASES
+
+# The run of each exporter: every exporter of a run carries posttrain_run_finished{run} from its start, whether
+# its log holds training records (rank 0 of a multi-node run) or not (the other ranks, which serve their pod's GPUs
+# only). One run per exporter (an exporter reading several logs is labelled with one of them).
+EXPORTER_KEY = ", ".join((*KEY_LABELS[:-1], "instance"))
+RUN_OF_EXPORTER = (f"topk by ({EXPORTER_KEY}) (1,\n"
+                   f"  group by ({EXPORTER_KEY}, run) ({series('posttrain_run_finished')})\n)")
+GPU_KEY = f"{KEY}, instance, gpu"
+
+
+def _gpu(metric: str, extra: str = "") -> str:
+    """A GPU family (no run label of its own) given the run of its exporter: the GPUs of every exporter serving a
+    selected run, on every pod of the run (not only the pod whose log has the training records)."""
+    sel = f"{{{extra}}}" if extra else ""
+    return f"{metric}{sel}\n* on ({EXPORTER_KEY}) group_left (run)\n{RUN_OF_EXPORTER}"
+
+
+# posttrain_gpu_phase as one number per GPU: each phase's color, in the order of their numbers. The names are the
+# sampler's (exporter/gpu/phase.py).
+PHASE_COLORS: dict[str, str] = {"idle": "text", "generation": "purple", "training": "green"}
+if set(PHASE_COLORS) != set(PHASES):
+    raise RuntimeError(f"PHASE_COLORS must color exactly the sampler's PHASES: {PHASES}")
+GPU_PHASE_EXPR = f"sum by ({GPU_KEY}) (\n  " + "\n  or ".join(
+    f'({_gpu("posttrain_gpu_phase", f"phase={chr(34)}{name}{chr(34)}")}) * {i}'
+    for i, name in enumerate(PHASE_COLORS)) + "\n)"
+GPU_PHASE_MAPPINGS = value_mappings(list(PHASE_COLORS.items()))
+
+
+def gpu() -> dict:
+    return dashboard("posttrain-gpu", "Post-training: GPU",
+                     "NVML sampling of the training pods' GPUs (docs/gpu.md): every pod of the selected runs, every "
+                     "rank of a multi-node run (each pod's exporter serves its own GPUs).", [
+        row("Sampler", [
+            stat("NVML up", "1 when NVML is initialized and the last poll read the GPUs; 0 without a GPU, a "
+                 "driver or NVML (training metrics are unaffected).",
+                 [t(_gpu("posttrain_gpu_nvml_up"), "{{run}} {{instance}}")], decimals=0,
+                 steps=[(None, "red"), (1, "green")], w=6),
+            stat("GPUs sampled", "GPUs the sampler reads (after CUDA_VISIBLE_DEVICES).",
+                 [t(_gpu("posttrain_gpu_visible_devices"), "{{run}} {{instance}}")], decimals=0, w=6),
+            state("Phase", "Generation (memory-bound, lower power) versus training (compute-bound), judged from "
+                  "power against the GPU's own recent training level. RL should alternate; one phase for long "
+                  "means a stage is starved.",
+                  [t(GPU_PHASE_EXPR, "{{run}} {{instance}} gpu {{gpu}}")], mappings=GPU_PHASE_MAPPINGS, w=12, h=6),
+        ]),
+        row("Utilization and power", [
+            timeseries("Utilization", "Share of time a kernel ran. Both phases read ~100%: utilization cannot "
+                       "tell generation from training, power can.",
+                       [t(_gpu("posttrain_gpu_utilization_ratio"), "{{run}} {{instance}} gpu {{gpu}}")],
+                       unit="percentunit"),
+            timeseries("Power and limit", "Board power against the enforced limit (dashed): training draws near "
+                       "the limit, generation clearly below it.",
+                       [t(_gpu("posttrain_gpu_power_watts"), "{{run}} {{instance}} gpu {{gpu}}"),
+                        t(_gpu("posttrain_gpu_power_limit_watts"), "{{run}} {{instance}} gpu {{gpu}} limit")],
+                       unit="watt", overrides=[override(".*limit.*", ("custom.lineStyle",
+                                                                       {"fill": "dash", "dash": [10, 10]}))]),
+            timeseries("Memory", "Memory used against installed; colocated inference engines preallocate, so a "
+                       "flat line is normal.",
+                       [t(_gpu("posttrain_gpu_memory_used_bytes"), "{{run}} {{instance}} gpu {{gpu}} used"),
+                        t(_gpu("posttrain_gpu_memory_total_bytes"), "{{run}} {{instance}} gpu {{gpu}} total")],
+                       unit="bytes"),
+            timeseries("Generation time ratio",
+                       "Share of time spent generating: from NVML's phase rule per GPU, and from the trainer's own "
+                       "timing keys per run. RL runs often spend most of the step generating.",
+                       [t(_gpu("posttrain_gpu_generation_time_ratio"), "{{run}} {{instance}} gpu {{gpu}}"),
+                        t(series("posttrain_generation_time_ratio"), "{{run}} trainer timing")],
+                       unit="percentunit", w=12),
+            timeseries("Temperature and SM clock", "Die temperature and SM clock (right): a clock that drops "
+                       "while hot is thermal throttling.",
+                       [t(_gpu("posttrain_gpu_temperature_celsius"), "{{run}} {{instance}} gpu {{gpu}} temperature"),
+                        t(_gpu("posttrain_gpu_sm_clock_hertz"), "{{run}} {{instance}} gpu {{gpu}} sm clock")],
+                       unit="celsius", overrides=[right(".*clock.*", "hertz")], w=12),
+        ]),
+    ], ["gpu"])
