@@ -1,10 +1,11 @@
 """Regenerate every artefact made from the code, in dependency order, or check that none is stale.
 
-    python scripts/generate.py           # rules/, grafana/, docs/metrics.md, then the chart's copies
+    python scripts/generate.py           # rules/, grafana/, docs/metrics.md, gpu.md's table, chart copies
     python scripts/generate.py --check   # change nothing; exit 1 naming each stale artefact (tests run this)
 
 Each step is its own generator (scripts/gen_rules.py, scripts/gen_dashboards.py, exporter/metricdoc.py,
-scripts/sync_chart.py); this only orders them, since the chart copies what the first two write.
+exporter/gpu/fields.py, scripts/sync_chart.py); this only orders them, since the chart copies what the first two
+write.
 """
 
 from __future__ import annotations
@@ -16,9 +17,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 METRICS_DOC = REPO / "docs" / "metrics.md"
-# (what it makes, its generator); the chart's copies come last because they copy rules/ and grafana/.
-STEPS = (("rules/", "scripts/gen_rules.py"), ("grafana/", "scripts/gen_dashboards.py"),
-         ("docs/metrics.md", None), ("the chart's copies", "scripts/sync_chart.py"))
+GPU_DOC = REPO / "docs" / "gpu.md"
+
+
+def _current(path: Path, text: str, check: bool) -> bool:
+    """True when `path` holds `text` (check), or once it is written (not check)."""
+    if check:
+        return path.read_text(encoding="utf-8") == text
+    path.write_text(text, encoding="utf-8")
+    return True
 
 
 def _metrics_doc(check: bool) -> bool:
@@ -26,11 +33,22 @@ def _metrics_doc(check: bool) -> bool:
     sys.path.insert(0, str(REPO))
     from exporter.metricdoc import render
 
-    text = render()
-    if check:
-        return METRICS_DOC.read_text(encoding="utf-8") == text
-    METRICS_DOC.write_text(text, encoding="utf-8")
-    return True
+    return _current(METRICS_DOC, render(), check)
+
+
+def _gpu_doc(check: bool) -> bool:
+    """True when docs/gpu.md's field table (between its markers) is (now) the one exporter/gpu/fields.py renders."""
+    sys.path.insert(0, str(REPO))
+    from exporter.gpu.fields import render_doc
+
+    return _current(GPU_DOC, render_doc(GPU_DOC.read_text(encoding="utf-8")), check)
+
+
+# (what it makes, its generator: a script, or a function of `check`); the chart's copies come last because they
+# copy rules/ and grafana/.
+STEPS = (("rules/", "scripts/gen_rules.py"), ("grafana/", "scripts/gen_dashboards.py"),
+         ("docs/metrics.md", _metrics_doc), ("docs/gpu.md's field table", _gpu_doc),
+         ("the chart's copies", "scripts/sync_chart.py"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     stale = []
     for what, script in STEPS:
-        if script is None:
-            ok = _metrics_doc(args.check)
+        if callable(script):
+            ok = script(args.check)
         else:
             cmd = [sys.executable, script] + (["--check"] if args.check else [])
             done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)

@@ -9,6 +9,7 @@ import logging
 import math
 import random
 import subprocess
+import sys
 import time
 
 import pynvml
@@ -19,7 +20,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.gpu import GpuCollector, GpuSampler, PhaseConfig, PhaseTracker, SamplerConfig
-from exporter.gpu.sampler import error_kind, parse_visibility, select_devices, visibility_from_env
+from exporter.gpu.sampler import error_kind
+from exporter.gpu.visibility import parse_visibility, select_devices, visibility_from_env
 
 LOGGER = "exporter.gpu.sampler"
 
@@ -676,3 +678,47 @@ def test_promtool_accepts_the_nvml_down_exposition() -> None:
     s = make(FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
     s.poll_once()
     _check_with_promtool(scrape(s))
+
+
+# --- the one table of GPU fields (exporter/gpu/fields.py) -------------------------------------------------------
+
+
+def test_every_field_of_the_table_is_read_and_rendered_with_its_help_and_type() -> None:
+    """The sampler's reads and the collector's families are the table's: a fake-NVML scrape has every field, under
+    its family, type and HELP, and every NVML call of the table is made once per GPU and poll."""
+    from exporter.gpu.fields import FIELDS, READS
+    from exporter.gpu.sampler import GpuReading
+
+    fake = FakeNvml(h100s(2, utilization=50, power_mw=350_000))
+    s = make(fake)
+    s.poll_once()
+    families = {f.name: f for f in text_string_to_metric_families(scrape(s))}
+    assert {f.attr for f in FIELDS} <= set(GpuReading._fields)
+    for f in FIELDS:
+        fam = families[f.family]
+        assert (fam.type, fam.documentation) == (f.kind, f.help), f.family
+        assert {dict(x.labels)["gpu"] for x in fam.samples} == {"0", "1"}, f.family
+    assert {r.call for r in READS} == {f.call for f in FIELDS}
+    for r in READS:
+        assert fake.calls[r.call] == 2, r.call  # memory used and total share one call
+
+
+def test_the_docs_field_table_is_the_tables_and_a_stale_one_fails_generate_check() -> None:
+    from exporter.gpu.fields import BEGIN, DOC, END, FIELDS, render_doc, render_doc_table
+
+    text = DOC.read_text(encoding="utf-8")
+    assert render_doc(text) == text, "docs/gpu.md's field table is stale: run python scripts/generate.py"
+    table = text.split(BEGIN + "\n", 1)[1].split(END, 1)[0]
+    assert table == render_doc_table()
+    for f in FIELDS:
+        assert f"`{f.family}" in table and f.help in table and f.call in table and f.dcgm in table
+    stale = text.replace(FIELDS[0].help, "edited by hand", 1)
+    assert render_doc(stale) == text
+    repo = DOC.parents[1]
+    try:
+        DOC.write_text(stale, encoding="utf-8")
+        done = subprocess.run([sys.executable, "scripts/generate.py", "--check"], cwd=repo, capture_output=True,
+                              text=True)
+    finally:
+        DOC.write_text(text, encoding="utf-8")
+    assert done.returncode == 1 and "docs/gpu.md" in done.stderr, done.stderr

@@ -11,6 +11,7 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
+from exporter.gpu.fields import FIELDS
 from exporter.gpu.phase import PHASES
 from exporter.gpu.sampler import GpuSnapshot
 
@@ -19,19 +20,6 @@ from exporter.gpu.sampler import GpuSnapshot
 # `modelName` is `model_name` here: a camelCase label name fails `promtool check metrics` (exit 3).
 GPU_LABELS = ["gpu", "UUID", "model_name"]
 
-# (GpuReading attribute, family name, type, help) for the one-value-per-GPU families.
-SIMPLE: tuple[tuple[str, str, str, str], ...] = (
-    ("utilization_ratio", "posttrain_gpu_utilization_ratio", "gauge",
-     "Share of the last sample period (NVML: 1/6 s to 1 s) during which a kernel ran on the GPU."),
-    ("memory_used_bytes", "posttrain_gpu_memory_used_bytes", "gauge", "GPU memory in use (all processes)."),
-    ("memory_total_bytes", "posttrain_gpu_memory_total_bytes", "gauge", "GPU memory installed."),
-    ("power_watts", "posttrain_gpu_power_watts", "gauge", "Board power draw."),
-    ("power_limit_watts", "posttrain_gpu_power_limit_watts", "gauge", "Power limit the driver enforces."),
-    ("temperature_celsius", "posttrain_gpu_temperature_celsius", "gauge", "GPU die temperature."),
-    ("sm_clock_hertz", "posttrain_gpu_sm_clock_hertz", "gauge", "Current SM clock."),
-    ("energy_joules", "posttrain_gpu_energy_joules", "counter",
-     "Energy consumed since the driver was loaded (Volta and later)."),
-)
 
 
 class SnapshotSource(Protocol):
@@ -93,7 +81,7 @@ class GpuCollector(Collector):
     def _gpus(self, snap: GpuSnapshot) -> Iterator[Metric]:
         up = GaugeMetricFamily("posttrain_gpu_up", "1 when the GPU was read at the last poll, 0 when it is lost "
                                "(GpuIsLost, ResetRequired; its other series are dropped).", labels=GPU_LABELS)
-        simple = [(attr, _family(name, kind, doc, GPU_LABELS)) for attr, name, kind, doc in SIMPLE]
+        simple = [(f.attr, _family(f.family, f.kind, f.help, GPU_LABELS)) for f in FIELDS]
         throttle = GaugeMetricFamily("posttrain_gpu_throttle_reason", "1 while this reason holds the clocks down "
                                      "(NVML clock event reasons).", labels=[*GPU_LABELS, "reason"])
         ecc = CounterMetricFamily("posttrain_gpu_ecc_errors", "ECC memory errors, by type (corrected, uncorrected) "

@@ -32,14 +32,14 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, NamedTuple
 
+from exporter.gpu.fields import READS
 from exporter.gpu.phase import PhaseConfig, PhaseReading, PhaseTracker
+from exporter.gpu.visibility import parse_visibility, select_devices, visibility_from_env
 
 log = logging.getLogger(__name__)
 
 # nvml.h enum values (ABI-stable), passed as arguments so the sampler does not depend on the
-# module's constants.
-NVML_TEMPERATURE_GPU = 0
-NVML_CLOCK_SM = 1
+# module's constants (the one-value fields' own are in fields.py).
 ECC_TYPES: tuple[tuple[str, int], ...] = (("corrected", 0), ("uncorrected", 1))  # nvmlMemoryErrorType_t
 ECC_SCOPES: tuple[tuple[str, int], ...] = (("volatile", 0), ("aggregate", 1))  # nvmlEccCounterType_t
 RETIREMENT_CAUSES: tuple[tuple[str, int], ...] = (  # nvmlPageRetirementCause_t
@@ -77,69 +77,6 @@ def _throttle_series(bits: int) -> tuple[tuple[str, float], ...]:
     if out is None:
         out = _THROTTLE_CACHE[bits] = tuple((n, 1.0 if bits & b else 0.0) for n, b in THROTTLE_REASONS)
     return out
-
-
-# --- which GPUs this pod sees -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Visibility:
-    source: str  # the variable it came from, or "default"
-    entries: tuple[str, ...] | None  # indices or GPU-UUIDs (or prefixes); None: every GPU NVML lists
-
-    @property
-    def none(self) -> bool:
-        return self.entries == ()
-
-
-def parse_visibility(source: str, value: str) -> Visibility:
-    v = value.strip()
-    if v.lower() == "all":
-        return Visibility(source, None)
-    if v.lower() in ("", "none", "void"):
-        return Visibility(source, ())
-    entries: list[str] = []
-    for item in (i.strip() for i in v.split(",")):
-        if item.isdigit() or item.upper().startswith("GPU-"):
-            entries.append(item)
-        elif item.upper().startswith("MIG-"):
-            log.warning("%s: MIG device %s skipped (MIG instances are not sampled)", source, item)
-        else:
-            break  # as CUDA does: an invalid entry hides itself and every entry after it ("-1" = none)
-    return Visibility(source, tuple(entries))
-
-
-def visibility_from_env(env: Mapping[str, str]) -> Visibility:
-    """CUDA_VISIBLE_DEVICES (the process's own view) wins over NVIDIA_VISIBLE_DEVICES (the container's)."""
-    for var in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
-        if var in env:
-            return parse_visibility(var, env[var])
-    return Visibility("default", None)
-
-
-def select_devices(vis: Visibility, found: list[tuple[int, str]]) -> tuple[list[int], list[str]]:
-    """NVML indices to sample (in NVML order) among `found` (index, uuid), and the entries that matched none.
-
-    Indices are NVML's (PCI bus order, as nvidia-smi); CUDA's ordinals are the same with
-    CUDA_DEVICE_ORDER=PCI_BUS_ID, and on identical GPUs. UUIDs (or unique prefixes) are exact."""
-    if vis.entries is None:
-        return [i for i, _ in found], []
-    if (vis.source == "NVIDIA_VISIBLE_DEVICES" and vis.entries and all(e.isdigit() for e in vis.entries)
-            and len(found) == len(set(vis.entries))):
-        # Inside a container the runtime already applied these host indices: NVML lists only them.
-        return [i for i, _ in found], []
-    chosen: set[int] = set()
-    unmatched: list[str] = []
-    for e in vis.entries:
-        if e.isdigit():
-            hits = [i for i, _ in found if i == int(e)]
-        else:
-            hits = [i for i, u in found if u.lower().startswith(e.lower())]
-        if len(hits) == 1:
-            chosen.add(hits[0])
-        else:
-            unmatched.append(e)
-    return sorted(chosen), unmatched
 
 
 # --- the snapshot --------------------------------------------------------------------------------
@@ -523,22 +460,20 @@ class GpuSampler:
 
     def _read_fields(self, dev: _Device, now: float) -> GpuReading:
         c = self._call
-        util = c(dev, "utilization", "nvmlDeviceGetUtilizationRates")
-        mem = c(dev, "memory", "nvmlDeviceGetMemoryInfo")
-        power_mw = c(dev, "power", "nvmlDeviceGetPowerUsage")
-        limit_mw = c(dev, "power_limit", "nvmlDeviceGetEnforcedPowerLimit")
-        temp = c(dev, "temperature", "nvmlDeviceGetTemperature", NVML_TEMPERATURE_GPU)
-        sm_mhz = c(dev, "sm_clock", "nvmlDeviceGetClockInfo", NVML_CLOCK_SM)
-        energy_mj = c(dev, "energy", "nvmlDeviceGetTotalEnergyConsumption")
+        values: dict[str, float] = {}  # GpuReading attribute -> value, for the fields of exporter/gpu/fields.py
+        for r in READS:
+            raw = c(dev, r.read, r.call, *r.args)
+            if raw is not None:
+                for attr, convert in r.outputs:
+                    values[attr] = convert(raw)
         bits = c(dev, "clock_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons")
         if bits is None and "clock_event_reasons" in dev.unsupported:  # drivers before 535
             bits = c(dev, "throttle_reasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
         if now >= dev.slow_at:
             self._read_slow(dev)
             dev.slow_at = now + self.config.slow_interval_seconds
-        utilization = None if util is None else util.gpu / 100.0
+        utilization, power = values.get("utilization_ratio"), values.get("power_watts")
         throttle = () if bits is None else _throttle_series(bits)
-        power = None if power_mw is None else power_mw / 1000.0
         phase = None
         if utilization is not None and power is not None:
             tracker = self._phases.get(dev.uuid)
@@ -549,14 +484,7 @@ class GpuSampler:
         remap = slow.get("remapped_rows")
         return GpuReading(
             dev.index, dev.uuid, dev.model, True,
-            utilization_ratio=utilization,
-            memory_used_bytes=None if mem is None else float(mem.used),
-            memory_total_bytes=None if mem is None else float(mem.total),
-            power_watts=power,
-            power_limit_watts=None if limit_mw is None else limit_mw / 1000.0,
-            temperature_celsius=None if temp is None else float(temp),
-            sm_clock_hertz=None if sm_mhz is None else sm_mhz * 1e6,
-            energy_joules=None if energy_mj is None else energy_mj / 1000.0,
+            **values,
             throttle_reasons=throttle,
             ecc_errors=slow.get("ecc", ()),
             retired_pages=slow.get("retired_pages", ()),
