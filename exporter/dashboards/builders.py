@@ -8,6 +8,8 @@ absent label too."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 SCHEMA_VERSION = 39
 DS = {"type": "prometheus", "uid": "${datasource}"}
 KEY_LABELS = ("cluster", "namespace", "run")
@@ -131,6 +133,17 @@ def value_mappings(styles: list[tuple[str, str]]) -> list[dict]:
     """A state timeline's value mappings: value i shows the i-th (text, color)."""
     return [{"type": "value", "options": {
         str(i): {"text": text, "color": color, "index": i} for i, (text, color) in enumerate(styles)}}]
+
+
+def numbered_states(by: str, styles: dict[str, tuple[str, str]], names: tuple[str, ...],
+                    selector: Callable[[str], str]) -> tuple[str, list[dict]]:
+    """A family with one 0/1 series per state (`names`, the exporter's) as one number per `by` group, for a state
+    timeline: the query `sum by (by) (state_0 * 0 or state_1 * 1 ...)`, numbered in the order of `styles`
+    ({state: (text, color)}), and its value mappings. A state without a style, or a style of no state, fails."""
+    if set(styles) != set(names):
+        raise RuntimeError(f"the board's styles {sorted(styles)} must be exactly the exporter's states {sorted(names)}")
+    expr = f"sum by ({by}) (\n  " + "\n  or ".join(f"{selector(name)} * {i}" for i, name in enumerate(styles)) + "\n)"
+    return expr, value_mappings(list(styles.values()))
 
 
 def text(title: str, content: str, w: int = 24, h: int = 3) -> dict:

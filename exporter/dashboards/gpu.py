@@ -6,6 +6,7 @@ from exporter.dashboards.builders import (
     KEY,
     KEY_LABELS,
     dashboard,
+    numbered_states,
     override,
     right,
     row,
@@ -14,7 +15,6 @@ from exporter.dashboards.builders import (
     state,
     t,
     timeseries,
-    value_mappings,
 )
 from exporter.gpu.phase import PHASES
 
@@ -34,15 +34,11 @@ def _gpu(metric: str, extra: str = "") -> str:
     return f"{metric}{sel}\n* on ({EXPORTER_KEY}) group_left (run)\n{RUN_OF_EXPORTER}"
 
 
-# posttrain_gpu_phase as one number per GPU: each phase's color, in the order of their numbers. The names are the
-# sampler's (exporter/gpu/phase.py).
-PHASE_COLORS: dict[str, str] = {"idle": "text", "generation": "purple", "training": "green"}
-if set(PHASE_COLORS) != set(PHASES):
-    raise RuntimeError(f"PHASE_COLORS must color exactly the sampler's PHASES: {PHASES}")
-GPU_PHASE_EXPR = f"sum by ({GPU_KEY}) (\n  " + "\n  or ".join(
-    f'({_gpu("posttrain_gpu_phase", f"phase={chr(34)}{name}{chr(34)}")}) * {i}'
-    for i, name in enumerate(PHASE_COLORS)) + "\n)"
-GPU_PHASE_MAPPINGS = value_mappings(list(PHASE_COLORS.items()))
+# posttrain_gpu_phase as one number per GPU: each phase's text and color, in the order of their numbers. The names
+# are the sampler's (exporter/gpu/phase.py).
+PHASE_STYLES = {"idle": ("idle", "text"), "generation": ("generation", "purple"), "training": ("training", "green")}
+GPU_PHASE_EXPR, GPU_PHASE_MAPPINGS = numbered_states(
+    GPU_KEY, PHASE_STYLES, PHASES, lambda name: f'({_gpu("posttrain_gpu_phase", f"phase={chr(34)}{name}{chr(34)}")})')
 
 
 def gpu() -> dict:

@@ -22,7 +22,7 @@ from exporter.dashboards.builders import (
     timeseries,
     value_mappings,
 )
-from exporter.dashboards.panels import detectors_panel, fundamentals, regime_panel, step_stats
+from exporter.dashboards.panels import detectors_panel, fundamentals, regime_panel, reward_targets, step_stats
 
 UID = "posttrain-grpo"
 # Queries that may legitimately return nothing on the fixtures: (dashboard uid, panel title, refId) -> why.
@@ -62,10 +62,7 @@ def grpo() -> dict:
                        "The objective, read with caution: a rising reward with collapsing reward std or runaway "
                        "KL is reward hacking, not progress. Smoothed reward and its peak show a peak followed by "
                        "decline; the trend (right, slope per step) shows whether it still rises.",
-                       [t(series("posttrain_reward"), "{{run}} reward"),
-                        t(series("posttrain_reward_smoothed"), "{{run}} smoothed"),
-                        t(series("posttrain_reward_peak"), "{{run}} peak"),
-                        t(series("posttrain_trend", 'instrument="reward"'), "{{run}} trend")],
+                       reward_targets("reward"),
                        overrides=[right(".*trend.*")]),
             timeseries("KL divergence",
                        "Distance from the reference policy (beta > 0). Healthy: slow growth under 0.5; held above "

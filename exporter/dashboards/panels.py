@@ -7,6 +7,7 @@ from exporter.dashboards.builders import (
     FLAG,
     KEY,
     by_run,
+    numbered_states,
     right,
     series,
     stat,
@@ -28,13 +29,8 @@ REGIME_STYLES: dict[str, tuple[str, str]] = {
     "declining": ("declining (reward lost, no drift)", "orange"),
     "destructive": ("destructive: stop immediately", "red"),
 }
-if set(REGIME_STYLES) != set(REGIMES):
-    raise RuntimeError(f"REGIME_STYLES must style exactly the exporter's REGIMES: {sorted(REGIMES)}")
-
-REGIME_EXPR = f"sum by ({KEY}) (\n  " + "\n  or ".join(
-    f"{series('posttrain_regime', after=(f'regime={chr(34)}{name}{chr(34)}',))} * {i}"
-    for i, name in enumerate(REGIME_STYLES)) + "\n)"
-REGIME_MAPPINGS = value_mappings(list(REGIME_STYLES.values()))
+REGIME_EXPR, REGIME_MAPPINGS = numbered_states(
+    KEY, REGIME_STYLES, REGIMES, lambda name: series("posttrain_regime", after=(f'regime="{name}"',)))
 
 
 def step_stats(w: int = 4) -> list[dict]:
@@ -70,6 +66,14 @@ def regime_panel(w: int = 12) -> dict:
         "without drift is healthy; drifting without gain means the run has run its course; KL rising while "
         "reward falls is destructive: stop immediately.",
         [t(REGIME_EXPR)], mappings=REGIME_MAPPINGS, w=w)
+
+
+def reward_targets(name: str) -> list[dict]:
+    """The reward (legend `name`), smoothed, its peak and its trend (for a right axis matching `.*trend.*`)."""
+    return [t(series("posttrain_reward"), f"{{{{run}}}} {name}"),
+            t(series("posttrain_reward_smoothed"), "{{run}} smoothed"),
+            t(series("posttrain_reward_peak"), "{{run}} peak"),
+            t(series("posttrain_trend", 'instrument="reward"'), "{{run}} trend")]
 
 
 def fundamentals(w: int = 8) -> list[dict]:

@@ -16,7 +16,7 @@ from exporter.dashboards.builders import (
     thr,
     timeseries,
 )
-from exporter.dashboards.panels import detectors_panel, fundamentals, regime_panel, step_stats
+from exporter.dashboards.panels import detectors_panel, fundamentals, regime_panel, reward_targets, step_stats
 
 
 def ppo() -> dict:
@@ -28,10 +28,7 @@ def ppo() -> dict:
             timeseries("Reward-model score",
                        "The reward model's raw score, smoothed and its peak. Never trust it alone: a score that "
                        "climbs while KL runs away is reward hacking, the default failure mode.",
-                       [t(series("posttrain_reward"), "{{run}} score"),
-                        t(series("posttrain_reward_smoothed"), "{{run}} smoothed"),
-                        t(series("posttrain_reward_peak"), "{{run}} peak"),
-                        t(series("posttrain_trend", 'instrument="reward"'), "{{run}} trend")],
+                       reward_targets("score"),
                        overrides=[right(".*trend.*")]),
             timeseries("RLHF and non-score reward",
                        "rlhf = score + non-score; non-score is the KL penalty. A non-score reward growing more "
