@@ -21,6 +21,7 @@ when the callback stopped it."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import random
 import sys
@@ -28,13 +29,14 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts" / "corpus"))
 sys.path.insert(0, str(REPO))
 
 
 def build(model_dir: str) -> None:
-    import build_tiny  # scripts/corpus/build_tiny.py
-
+    """scripts/corpus/build_tiny.py's model, loaded from its file (the scripts are not on the import path)."""
+    spec = importlib.util.spec_from_file_location("build_tiny", REPO / "scripts" / "corpus" / "build_tiny.py")
+    build_tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_tiny)
     build_tiny.main(model_dir)
 
 
