@@ -1,1 +1,3 @@
-"""Test support shared by the tests and the benchmarks: the labelled corpus, loopback processes."""
+"""Test support shared by the tests, the benchmarks and the preview script: the labelled corpus, loopback processes
+(`loopback`), the monitoring stack (`stack`), the boards on a real Prometheus with Grafana's transformations
+(`boards`)."""
