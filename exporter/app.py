@@ -15,7 +15,6 @@ from exporter.instruments.run import RunState
 from exporter.parsers.chain import LineParserChain
 from exporter.parsers.record import ParseError, Record
 from exporter.pipeline import ConsoleStream, IngestStats
-from exporter.report.live import verdict_document
 from exporter.sources.base import ChunkReader, FollowStats, Source
 from exporter.sources.detect import TENSORBOARD, TRAINER_STATE, input_kind
 from exporter.sources.files import FileFollower
@@ -281,6 +280,8 @@ class Exporter:
 
     def verdict(self, only: str | None = None) -> dict:
         """The runs' verdicts as they stand (/api/v1/verdict)."""
+        from exporter.report.live import verdict_document  # not needed by `dump`
+
         with self.lock:
             for run in self.runs.values():
                 run.refresh()

@@ -15,28 +15,25 @@ from collections import defaultdict
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.process_collector import ProcessCollector
 
 from exporter import __version__
-from exporter.alerting.rules import RUNBOOK_BASE
 from exporter.app import Exporter
 from exporter.config import DEFAULT_LISTEN, Config, ConfigError, LogSpec, default_run_name, load_config
 from exporter.config import parse_listen_address as _parse_listen
 from exporter.exposition.collector import ExporterCollector
-from exporter.exposition.server import build_app, serve_http
-from exporter.exposition.webconfig import WebConfig, load_web_config
 from exporter.gpu import GpuCollector, GpuSampler
 from exporter.parsers.chain import known_formats
-from exporter.report.command import FAIL_ON, run_report
+from exporter.report.command import FAIL_ON
 from exporter.report.command import FORMATS as REPORT_FORMATS
-from exporter.sources.child import FORWARDED_SIGNALS, ChildOutput, run_child
+from exporter.runbooks import RUNBOOK_BASE
 from exporter.sources.detect import is_log_folder
-from exporter.sources.replay import ReplayReader, demo_log_text
-from exporter.sources.stdin import StdinReader
-from exporter.stopsignal import StopSignal, check_stop_folder
+
+if TYPE_CHECKING:  # the other commands' modules are imported by the commands that use them: `dump` starts faster
+    from exporter.exposition.webconfig import WebConfig
+    from exporter.stopsignal import StopSignal
 
 PROG = "posttrain-exporter"
 log = logging.getLogger(PROG)
@@ -345,6 +342,7 @@ def _names_from_folders(paths: list[str], taken: set[str]) -> list[str]:
 
 
 def _registry(exporter: Exporter, with_process: bool, gpu: GpuSampler | None = None) -> CollectorRegistry:
+    from prometheus_client.process_collector import ProcessCollector
     reg = CollectorRegistry(auto_describe=False)
     reg.register(ExporterCollector(exporter))
     if gpu is not None:
@@ -390,6 +388,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from exporter.report.command import run_report
     cfg = load_config(args.config)
     specs = _specs(cfg, args.paths, args.run, "auto")
     _readable(specs)
@@ -397,6 +396,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _serve(exporter: Exporter, listen: str, loop, gpu: GpuSampler | None = None, web: WebConfig | None = None) -> int:
+    from exporter.exposition.server import build_app, serve_http
     host, port, _ = _parse_listen(listen)
     try:
         httpd = serve_http(host, port, build_app(_registry(exporter, True, gpu), lambda: exporter.heartbeat,
@@ -419,6 +419,7 @@ def _serve(exporter: Exporter, listen: str, loop, gpu: GpuSampler | None = None,
 
 def _stop_signal(cfg: Config) -> StopSignal | None:
     """config early_stop: its folder must be there at start (the volume shared with the trainer)."""
+    from exporter.stopsignal import StopSignal, check_stop_folder
     if not cfg.early_stop.enabled:
         return None
     check_stop_folder(cfg.early_stop)
@@ -427,10 +428,12 @@ def _stop_signal(cfg: Config) -> StopSignal | None:
 
 
 def _web(args: argparse.Namespace) -> WebConfig | None:
+    from exporter.exposition.webconfig import load_web_config
     return load_web_config(args.web_config_file)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from exporter.sources.stdin import StdinReader
     cfg = load_config(args.config)
     web = _web(args)
     specs = _specs(cfg, args.logs, args.run, args.format, gpu_only=True)
@@ -473,6 +476,7 @@ def _child_run_name(argv: list[str]) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from exporter.sources.child import FORWARDED_SIGNALS, ChildOutput, run_child
     cfg = load_config(args.config)
     web = _web(args)
     if args.linger < 0:
@@ -503,6 +507,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from exporter.sources.replay import ReplayReader, demo_log_text
     if args.steps_per_second <= 0:
         raise UsageError("--steps-per-second must be greater than 0")
     cfg = Config(poll_interval_seconds=0.1)

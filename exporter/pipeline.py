@@ -137,6 +137,13 @@ class ConsoleStream:
                 self.line(text)
             return
         parse, run, clock, counts = self.parsers.parse, self.run, self.clock, self.stats.lines
+        if len(texts) > 1 and max(map(len, texts)) <= _WIDE_LINE:
+            recs = self.parsers.parse_run(texts)  # every line a record with its step, read at once
+            if recs is not None:
+                counts[recs[0].fmt, "record"] += len(recs)
+                clock.last_step = recs[-1].step
+                run.ingest_many(recs)
+                return
         stepped: list[Record] = []  # records that carry their step, for run.ingest_many
         for text in texts:
             try:

@@ -252,3 +252,88 @@ def test_the_comparison_sees_a_fast_path_that_changes_a_value(tmp_path: Path, mo
     assert fast_ok == dump(path, False)
     monkeypatch.setattr(fastpath.VerlConsoleFast, "_record", staticmethod(off_by_one_ulp))
     assert dump(path, True) != fast_ok
+
+
+# --- OpenRLHF runs of lines read at once (OpenRLHFFast.parse_run) -------------------------------------------
+
+_RUN_KEYS = ["policy_loss", "actor_lr", "kl", "reward", "timing/generation", "e1e", "k.1"]
+_RUN_MUTATIONS = [
+    lambda line: line.replace("'kl': ", "'kl': np.float64(0.5)#", 1),  # a value float() refuses, mid-run
+    lambda line: line.replace("'kl': ", "'kl': None, 'x': ", 1),  # None: the general parser skips it
+    lambda line: line.replace("'reward'", "'reward2'", 1),  # another shape
+    lambda line: line.replace("'reward': ", "'reward': '0.5', 'r': ", 1),  # a quoted value
+    lambda line: line.replace("INFO", "INFO {x}", 1),  # a brace before the step
+    lambda line: line.replace("INFO", "Global step 3: {'a': 1} INFO", 1),  # an earlier dict
+    lambda line: line + " ",  # a trailing space
+    lambda line: line + " [repeated 2x across cluster]",  # Ray's suffix
+    lambda line: line.replace("Global step ", "Global step 1234567890123456", 1),  # a step past 2**53
+    lambda line: line.replace("Global step ", "Global step \u0663", 1),  # an Arabic-Indic digit
+    lambda line: line.replace(": {", ":\t{", 1),  # other spacing
+    lambda line: line.replace(": {", ":  {", 1),
+    lambda line: line.replace("}", ", 'epoch': 1.5}", 1),  # a longer shape
+    lambda line: line[: len(line) // 2],  # cut
+    lambda line: "",  # a blank line
+    lambda line: line.replace("1", "\u0661"),  # Arabic-Indic digits in every number: float() reads them
+    lambda line: line.replace("'actor_lr': ", "'actor_lr': 1_0", 1),  # float() reads underscores
+    lambda line: line.replace("'actor_lr': ", "'actor_lr': -", 1),  # a value that is no number
+    lambda line: line.replace("'actor_lr': ", "'actor_lr': nan", 1),
+    lambda line: line.replace("'actor_lr': ", "'actor_lr': 1e999", 1),  # inf
+]
+
+
+def openrlhf_runs(rng: random.Random, runs: int = 120) -> str:
+    """Runs of clean step lines of one shape, cut by progress-bar draws; one run in three has a line changed."""
+    out: list[str] = []
+    step = 0
+    for r in range(runs):
+        lines = []
+        for _ in range(rng.randrange(2, 30)):
+            step = max(0, step - 5) if rng.random() < 0.01 else step + rng.randrange(0, 2)  # repeats, a step back
+            vals = ", ".join(f"'{k}': {rng.choice([_number(rng), rng.randrange(100), -0.0, 1e-300])!r}"
+                             for k in _RUN_KEYS)
+            lines.append(f"INFO 05-12 10:{step % 60:02d}:00 ppo_trainer.py:412] \u2728 Global step {step}: {{{vals}}}")
+        if r % 3 == 2:
+            i = rng.randrange(len(lines))
+            lines[i] = rng.choice(_RUN_MUTATIONS)(lines[i])
+        out.extend(lines)
+        out.append(f"Episode: {r % 100:3d}%|##   | {r}/{runs} [00:01<00:02, 9.9it/s]\r")
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_openrlhf_runs_read_at_once_read_the_same(seed: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole runs of lines read by one findall (and a run with one changed line read line by line) give the same
+    records and exposition as the general parser, auto-detected and with the format pinned."""
+    monkeypatch.setattr(fastpath, "_RUN_RETRY", 0)  # try every run, right after one that did not read whole
+    real = fastpath.OpenRLHFFast.parse_run
+    outcomes: list[bool] = []
+
+    def spy(self: fastpath.OpenRLHFFast, texts: list[str]) -> object:
+        recs = real(self, texts)
+        if self.cache.patterns:
+            outcomes.append(recs is not None)
+        return recs
+
+    monkeypatch.setattr(fastpath.OpenRLHFFast, "parse_run", spy)
+    rng = random.Random(seed)
+    path = tmp_path / "openrlhf_runs.log"
+    path.write_text(openrlhf_runs(rng))
+    assert_same(path)
+    assert_same(path, "--format", "openrlhf")
+    assert True in outcomes and False in outcomes, "runs were read at once and line by line"
+    line = "INFO x] Global step 1: {'kl': 1, 'reward': 2, 'actor_lr': 3}"
+    path.write_text("\n".join(m(line) for m in _RUN_MUTATIONS) + "\n" + openrlhf_runs(rng, 30))
+    assert_same(path)
+
+
+def test_an_openrlhf_run_is_split_into_records_in_line_order() -> None:
+    _fresh_caches()
+    lines = [f"x Global step {s}: {{'a': {s / 3!r}, 'b': {-s}}}" for s in range(5)]
+    parser = chain.LineParserChain()
+    assert parser.parse_run(lines) is None  # no shape learned yet
+    expected = [parser.parse(line) for line in lines]
+    got = parser.parse_run(lines)
+    assert got is not None
+    assert [(r.step, r.shape, r.numbers, r.kind, r.fmt) for r in got] == \
+        [(r.step, r.shape, r.numbers, r.kind, r.fmt) for r in expected if r is not None]
+    assert parser.parse_run([*lines[:2], "x Global step 9: {'a': 1, 'b': oops}"]) is None

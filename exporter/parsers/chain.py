@@ -8,7 +8,7 @@ from exporter.parsers.fastpath import VerlConsoleFast
 from exporter.parsers.jsonl import parse_json_line
 from exporter.parsers.katib import parse_katib_anywhere, parse_katib_strict
 from exporter.parsers.prefix import without_ray_suffix
-from exporter.parsers.pydict import parse_hf_dict, parse_hf_line, parse_openrlhf
+from exporter.parsers.pydict import parse_hf_dict, parse_hf_line, parse_openrlhf, parse_openrlhf_run
 from exporter.parsers.record import Record
 from exporter.parsers.summary import MetricsBlocks
 from exporter.parsers.userregex import RegexFormat
@@ -59,6 +59,16 @@ class LineParserChain:
         else:
             self._parsers = [BUILTIN_FORMATS[fmt]]
         self._blocks = MetricsBlocks() if fmt in _WITH_METRICS_BLOCKS else None
+        # OpenRLHF's step lines come first where the chain tries them (auto: before user formats and katib).
+        self._openrlhf_runs = fmt in ("auto", "openrlhf")
+
+    def parse_run(self, texts: list[str]) -> list[Record] | None:
+        """[parse(text) for text in texts] when every line is a record of a shape read at once (OpenRLHF's step
+        lines; parsers/fastpath.py), without a call per line; None: parse them one by one."""
+        blocks = self._blocks
+        if self._openrlhf_runs and (blocks is None or not blocks.active) and "Global step" in texts[0]:
+            return parse_openrlhf_run(texts)
+        return None
 
     @staticmethod
     def _auto_structured(line: str) -> Record | None:

@@ -21,6 +21,8 @@ import json
 import os
 import re
 from collections.abc import Callable
+from itertools import chain
+from operator import itemgetter
 
 from exporter.parsers.record import Record, RecordKind, classify
 
@@ -156,11 +158,62 @@ def _openrlhf_pattern(shape: Shape) -> str:
 
 
 _OPENRLHF_KEY = re.compile(r"'([^'\"\\]*)': ")
+# A run of lines is tried again this many runs after one that did not read whole (shapes mixed in a run).
+_RUN_RETRY = 8
+_first = itemgetter(0)
+
+
+def _openrlhf_run_pattern(keys: tuple[str, ...]) -> str:
+    """Every line of a run of `keys`'s shape, each ended by a newline: what parse_openrlhf reads from the line's
+    `Global step` on (one space after the colon, nothing after the closing brace), the body as the shape's pattern."""
+    head = rf"Global step (\d{{1,{_MAX_STEP_DIGITS}}}): \{{"
+    return head + _openrlhf_pattern(tuple((k, "") for k in keys)) + r"\}\n"
 
 
 class OpenRLHFFast:
     def __init__(self) -> None:
         self.cache = ShapeCache(_openrlhf_pattern)
+        self._runs: dict[tuple[str, ...], re.Pattern[str]] = {}  # run patterns of the learned shapes
+        self._skip = 0  # runs left to read line by line after one that did not read whole
+
+    def parse_run(self, texts: list[str]) -> list[Record] | None:
+        """The records of `texts` (lines without line breaks, as the framer cuts them), when every one is an
+        OpenRLHF step line of the shape read last, as parse_openrlhf reads it line by line; None otherwise
+        (then read them one by one). One findall over the joined lines and one float() pass over all their
+        values, instead of the chain's calls, a search and a fullmatch per line.
+
+        The same records as line by line: each line has exactly one `{` (so nothing before `Global step` could
+        be a dict, JSON or an earlier `Global step N: {`, and the leftmost match parse_openrlhf takes is this
+        one), ends with the dict's `}` (no Ray suffix, no trailing space), and matches the shape's pattern, the
+        one the line-by-line path would match first (a body fits one key sequence only)."""
+        if self._skip:
+            self._skip -= 1
+            return None
+        patterns = self.cache.patterns
+        if not patterns:
+            return None
+        keys, kind = patterns[0][1], patterns[0][2]
+        pattern = self._runs.get(keys)
+        if pattern is None:
+            if len(self._runs) >= _MAX_SHAPES:
+                self._runs.clear()
+            pattern = self._runs[keys] = re.compile(_openrlhf_run_pattern(keys))
+        n = len(texts)
+        joined = "\n".join(texts) + "\n"
+        found = pattern.findall(joined) if joined.count("{") == n and joined.count("\n") == n else ()
+        if len(found) != n:
+            self._skip = _RUN_RETRY
+            return None
+        try:
+            flat = list(map(float, chain.from_iterable(found)))  # each line's step, then its values
+        except ValueError:
+            self._skip = _RUN_RETRY
+            return None
+        steps = list(map(int, map(_first, found)))
+        w = len(keys) + 1
+        of = Record.of_kind
+        starts = range(0, n * w, w)
+        return [of(keys, flat[i + 1 : i + w], "openrlhf", step, kind) for i, step in zip(starts, steps, strict=True)]
 
     def parse_body(self, body: str, step: int | None) -> Record | None:
         """The record of `body` (inside the braces), or None: read it with the general parser."""

@@ -95,6 +95,12 @@ def _has_container_value(body: str) -> bool:
     return _CONTAINER_VALUE.search(_QUOTED_STRING.sub("", body)) is not None
 
 
+def parse_openrlhf_run(texts: list[str]) -> list[Record] | None:
+    """parse_openrlhf of each of `texts` (a run of lines) when they are all step lines of one learned shape
+    (parsers/fastpath.py); None: read them one by one."""
+    return _OPENRLHF_FAST.parse_run(texts) if fastpath.ENABLED else None
+
+
 def parse_openrlhf(line: str) -> Record | None:
     if "Global step" not in line:
         return None
