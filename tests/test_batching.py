@@ -197,3 +197,32 @@ def test_a_key_printed_twice_keeps_its_last_value_as_a_dict_does() -> None:
     run.refresh()
     assert run.series["kl", None].last_value == 5.0 == run.passthrough["kl"]
     assert run.derived.breaches[(("instrument", "kl"), ("level", "critical"))] == 1
+
+
+@pytest.mark.parametrize("batch", [7, 64, 1024])
+def test_ingest_many_is_ingest_one_at_a_time(batch: int, monkeypatch) -> None:
+    """RunState.ingest_many over runs of records (the console stream's runs of lines), whole runs taken in
+    C-level passes (_take_all: one shape, training, steps that never go back) or record by record, leaves the
+    same state as ingest() of each record, wherever batches are cut."""
+    records = [(v, s) for v, s in synthetic_records() if "eval_loss" not in v or s % 100]
+    # long runs of one training shape, steps rising, repeated, then going back (a resume) between runs
+    records += [({"loss": 0.1 + s / 1e4, "kl": 0.01}, s) for s in range(400, 700) for _ in range(1 + (s % 5 == 0))]
+    records += [({"loss": 0.2, "kl": 0.02}, s) for s in range(500, 520)]
+    one_by_one = state_of(run_in_batches(records, batch, None, monkeypatch))
+    real, whole = RunState._take_all, []
+
+    def spy(self: RunState, recs: list[Record]) -> bool:
+        whole.append(real(self, recs))
+        return whole[-1]
+
+    monkeypatch.setattr(RunState, "_take_all", spy)
+    rng = random.Random(batch)
+    run, i = RunState("r", KeyMap()), 0
+    while i < len(records):
+        n = rng.choice([1, 2, 5, 17, 64, 300])
+        run.ingest_many([Record(dict(v), "jsonl", step=s) for v, s in records[i : i + n]])
+        i += n
+    run.refresh()
+    assert True in whole and False in whole
+    for part, value in one_by_one.items():
+        assert same(value, state_of(run)[part]), f"batch {batch}: {part} differs"

@@ -5,6 +5,7 @@ Read its series, derived state and counters after refresh(): training records ar
 from __future__ import annotations
 
 import logging
+import operator
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ _MAX_PLANS = 64
 KEY_DROP_REASONS = ("max_keys", "key_too_long", "key_not_utf8")
 # Skipped values that are routine (HF prints None for a NaN) and not worth a log line.
 _ROUTINE_SKIPS = frozenset({"none", "non_numeric"})
+_KIND, _STEP, _SKIPPED, _NUMBERS = (operator.attrgetter(a) for a in ("kind", "step", "skipped", "numbers"))
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,8 @@ class RunState:
             for rec in recs:
                 self.ingest(rec)
             return
+        if self._take_all(recs):
+            return
         pending, limit, max_keys = self._pending, BATCH_RECORDS, self.limits.max_keys
         train = RecordKind.TRAIN
         last, taken, fresh = self.step, 0, False  # fresh: training records taken since step and finished were set
@@ -137,6 +141,30 @@ class RunState:
         if taken:
             self.records[train] += taken
         self.last_record_time = time.time()
+
+    def _take_all(self, recs: list[Record]) -> bool:
+        """ingest_many's loop in C-level passes, when every record is one it takes without a call (training,
+        nothing skipped, steps that never go back, within max_keys): a run of one shape read at once. False (and
+        nothing done) otherwise."""
+        steps = list(map(_STEP, recs))
+        if not (self.step <= steps[0] and steps[-1] <= MAX_STEP and all(map(operator.le, steps, steps[1:]))
+                and set(map(_KIND, recs)) == {RecordKind.TRAIN} and not any(map(_SKIPPED, recs))
+                and max(map(len, map(_NUMBERS, recs))) <= self.limits.max_keys):
+            return False
+        n, limit = len(recs), BATCH_RECORDS
+        i = 0
+        while i < n:
+            pending = self._pending
+            j = min(n, i + limit - len(pending))
+            pending += recs[i:j]
+            if len(pending) >= limit:
+                self.step, self.finished = steps[j - 1], False  # as the loop leaves them before a batch
+                self._apply()
+            i = j
+        self.step, self.finished = steps[-1], False
+        self.records[RecordKind.TRAIN] += n
+        self.last_record_time = time.time()
+        return True
 
     def refresh(self) -> None:
         """Bring everything up to date before it is read (a scrape, the end of dump): the waiting

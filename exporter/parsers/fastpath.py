@@ -160,7 +160,7 @@ def _openrlhf_pattern(shape: Shape) -> str:
 _OPENRLHF_KEY = re.compile(r"'([^'\"\\]*)': ")
 # A run of lines is tried again this many runs after one that did not read whole (shapes mixed in a run).
 _RUN_RETRY = 8
-_first = itemgetter(0)
+_first, _values = itemgetter(0), itemgetter(slice(1, None))  # a found line's step and values
 
 
 def _openrlhf_run_pattern(keys: tuple[str, ...]) -> str:
@@ -205,15 +205,13 @@ class OpenRLHFFast:
             self._skip = _RUN_RETRY
             return None
         try:
-            flat = list(map(float, chain.from_iterable(found)))  # each line's step, then its values
+            flat = list(map(float, chain.from_iterable(map(_values, found))))  # every value of every line
         except ValueError:
             self._skip = _RUN_RETRY
             return None
-        steps = list(map(int, map(_first, found)))
-        w = len(keys) + 1
-        of = Record.of_kind
-        starts = range(0, n * w, w)
-        return [of(keys, flat[i + 1 : i + w], "openrlhf", step, kind) for i, step in zip(starts, steps, strict=True)]
+        w = len(keys)
+        rows = [flat[i : i + w] for i in range(0, n * w, w)]
+        return Record.of_kind_rows(keys, rows, "openrlhf", list(map(int, map(_first, found))), kind)
 
     def parse_body(self, body: str, step: int | None) -> Record | None:
         """The record of `body` (inside the braces), or None: read it with the general parser."""
