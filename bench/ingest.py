@@ -374,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"GNU time, to launch the tools and read their peak RSS (default {GNU_TIME} when "
                    "installed; '' measures with wait4 alone)")
     p.add_argument("--json", type=Path, metavar="OUT", help="write the results as JSON to OUT")
+    p.add_argument("--no-compile", dest="compile", action="store_false",
+                   help="do not compile the exporter's bytecode first (compileall, as pip does for the image; an "
+                   "editable install with PYTHONDONTWRITEBYTECODE set compiles every module at each start otherwise)")
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
@@ -428,13 +431,35 @@ def prepare(args: argparse.Namespace, w: Workload) -> Prepared:
     return Prepared(w, log, meta, count_lines(log), exp_cmd, mt_cmd)
 
 
+STARTUP_RUNS = 7
+
+
+def startup(args: argparse.Namespace, prog: Path, workdir: Path) -> dict[str, float]:
+    """Each tool's wall time on an empty log (start-up and exit), best of STARTUP_RUNS, alternating."""
+    empty = workdir / "empty.log"
+    empty.write_bytes(b"")
+    cmds = {"exporter": [args.exporter, "dump", "--no-gpu", str(empty)],
+            "mtail": [args.mtail, "--one_shot", "--one_shot_format", "prometheus", "--progs", str(prog), "--logs",
+                      str(empty), "--logtostderr", "--address", "127.0.0.1", "--port", "0"]}
+    best = dict.fromkeys(cmds, math.inf)
+    for _ in range(STARTUP_RUNS):
+        for name, cmd in cmds.items():
+            best[name] = min(best[name], run_child(cmd, workdir, f"startup-{name}", None).wall_s)
+    return {name: round(v, 3) for name, v in best.items()}
+
+
 def run(args: argparse.Namespace, workloads: list[Workload]) -> int:
     info = machine(args.mtail)
+    if args.compile:  # what the image holds (pip compiles what it installs)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(BENCH.parent / "exporter")], check=True)
     preps = [prepare(args, w) for w in workloads]
     for pr in preps:
         print(f"{pr.w.name}: {pr.log} ({pr.counts.bytes / 1e6:.1f} MB, {pr.counts.segments:,} lines)", file=sys.stderr)
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="ingest-bench-") as tmp:
+        start = startup(args, BENCH / preps[0].w.prog, Path(tmp))
+        print(f"  start-up (empty log, best of {STARTUP_RUNS}): exporter {start['exporter']:.3f}s, "
+              f"mtail {start['mtail']:.3f}s", file=sys.stderr)
         for i in range(args.repeat):  # every workload once per round, exporter and mtail back to back
             for pr in preps:
                 for side, cmd in ((pr.exporter, pr.exp_cmd), (pr.mtail, pr.mt_cmd)):
@@ -471,6 +496,8 @@ def run(args: argparse.Namespace, workloads: list[Workload]) -> int:
         "machine": info,
         "line_definition": "non-empty segments of the file split on \\r\\n, \\r and \\n",
         "repeat": args.repeat,
+        "bytecode_compiled_first": args.compile,
+        "startup_s": start,
         "timing": "best of the runs (minimum wall and CPU), exporter and mtail alternating per workload",
         "rss_method": f"GNU time %M ({args.gnu_time})" if args.gnu_time else "os.wait4 ru_maxrss",
         "rss_floor_kib": 0 if args.gnu_time else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
@@ -497,6 +524,8 @@ def print_table(r: dict) -> None:
           f"{mtail_short}; exporter at {m['exporter_revision']}")
     print(f"runs:    {r['repeat']} rounds, each workload's exporter and mtail back to back; "
           f"{r['timing'].split(',')[0]}; RSS the maximum ({r['rss_method']})")
+    print(f"start-up (an empty log, best of {STARTUP_RUNS}): exporter {r['startup_s']['exporter']:.3f} s, "
+          f"mtail {r['startup_s']['mtail']:.3f} s; exporter bytecode compiled first: {r['bytecode_compiled_first']}")
     print()
     head = ("workload", "lines", "keys", "exporter lines/s", "mtail lines/s", "ratio", "exporter CPU s",
             "mtail CPU s", "exporter RSS MiB", "mtail RSS MiB")
