@@ -337,3 +337,20 @@ def test_an_openrlhf_run_is_split_into_records_in_line_order() -> None:
     assert [(r.step, r.shape, r.numbers, r.kind, r.fmt) for r in got] == \
         [(r.step, r.shape, r.numbers, r.kind, r.fmt) for r in expected if r is not None]
     assert parser.parse_run([*lines[:2], "x Global step 9: {'a': 1, 'b': oops}"]) is None
+
+
+def test_the_comparison_sees_a_run_read_at_once_that_changes_a_value(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "openrlhf_runs.log"
+    path.write_text(openrlhf_runs(random.Random(1)))
+    fast_ok = dump(path, True)
+    real = fastpath.OpenRLHFFast.parse_run
+
+    def off_by_one_ulp(self: fastpath.OpenRLHFFast, texts: list[str]) -> object:
+        recs = real(self, texts)
+        if recs:
+            recs[-1].numbers[0] = math.nextafter(recs[-1].numbers[0], math.inf)
+        return recs
+
+    monkeypatch.setattr(fastpath.OpenRLHFFast, "parse_run", off_by_one_ulp)
+    assert dump(path, True) != fast_ok
