@@ -22,8 +22,8 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-from loopback import free_port  # noqa: E402
+sys.path.insert(0, str(REPO / "tests"))
+from support.loopback import free_port  # noqa: E402
 
 
 def _get(url: str) -> tuple[float, str]:

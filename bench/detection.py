@@ -35,11 +35,11 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "scripts")]
+sys.path[:0] = [str(REPO / "tests")]
 
-from loopback import Processes, free_port, http_ready  # noqa: E402
 from support.corpus import CAUGHT_BY, PAGE_WORTHY, WITHIN_STEPS, LabelledRun, labelled_runs, within  # noqa: E402
 from support.labels import load_records  # noqa: E402
+from support.loopback import Processes, free_port, http_ready  # noqa: E402
 from support.stack import Stack, server_commands, webhook, write_configs  # noqa: E402
 
 from exporter.parsers.chain import LineParserChain  # noqa: E402
