@@ -167,6 +167,15 @@ def check_log(name: str, log: str) -> list[str]:
     return problems
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def redacted(text: str, work: Path) -> str:
+    """`text` without this machine's paths: the scratch folder as $WORK, the repository as its relative paths, so
+    that the committed run reads the same on any clone (the trainer's warnings print site-packages paths)."""
+    return text.replace(f"{REPO}/", "").replace(str(work.resolve()), "$WORK")
+
+
 def main() -> int:
     work, dest = Path(sys.argv[1]), Path(sys.argv[2])
     names = sys.argv[3:] or list(RUN_META)
@@ -175,7 +184,8 @@ def main() -> int:
         src = work / "runs" / name
         out = dest / name
         out.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src / "combined.log", out / "combined.log")
+        log_bytes = (src / "combined.log").read_bytes()  # redacted as bytes: the capture's other bytes stay as they are
+        (out / "combined.log").write_bytes(redacted(log_bytes.decode("latin-1"), work).encode("latin-1"))
         shutil.copyfile(src / "out" / "trainer_state.json", out / "trainer_state.json")
         records = labels.load_records(out / "trainer_state.json")
         found = labels.onsets(records)
@@ -184,7 +194,7 @@ def main() -> int:
             "run": name,
             "trainer": "grpo" if name.startswith("grpo_") else "dpo",
             "intent": meta["intent"],
-            "command": (src / "command.txt").read_text().splitlines(),
+            "command": redacted((src / "command.txt").read_text(), work).splitlines(),
             "config": run_config(name),
             "notes": meta["notes"],
             "onsets": found,
