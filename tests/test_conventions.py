@@ -12,13 +12,12 @@ import re
 import shutil
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import REPO, TRL, exporter_cmd, free_port, run_cli
 from prometheus_client.parser import text_string_to_metric_families
+from support.loopback import scrape_until
 
 from exporter import __version__
 from exporter.cli import ENV_PREFIX, JsonLogFormatter, LogfmtFormatter, build_parser, env_name
@@ -178,13 +177,7 @@ def test_serve_configured_by_the_environment_alone(tmp_path) -> None:
     proc = subprocess.Popen(exporter_cmd("serve"), cwd=REPO, env=clean | env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     try:
-        body, deadline = "", time.monotonic() + 30
-        while time.monotonic() < deadline and len(samples(body, "posttrain_step")) < 2:
-            time.sleep(0.2)
-            try:
-                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-            except OSError:
-                assert proc.poll() is None, proc.stderr.read().decode()
+        body = scrape_until(port, lambda b: len(samples(b, "posttrain_step")) >= 2, proc, 30)
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)

@@ -22,6 +22,7 @@ import jsonschema
 import pytest
 import yaml
 from conftest import IN_CI, REPO, free_port, require_binary
+from support.loopback import scrape_until
 
 from exporter.cli import build_parser
 from exporter.config import parse_config
@@ -902,12 +903,7 @@ def test_gpu_only_worker_serves_the_run_label_for_real(helm, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "exporter", *args], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     try:
-        deadline, body = time.monotonic() + 20, ""
-        while time.monotonic() < deadline and "posttrain_run_finished{" not in body:
-            try:
-                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-            except OSError:
-                time.sleep(0.2)
+        body = scrape_until(port, lambda b: "posttrain_run_finished{" in b, proc, 20)
         assert 'posttrain_run_finished{run="grpo-7b"} 0.0' in body
         # no record: no step, and no last-record time, so PostTrainTrainerStalled never fires on a worker
         assert "posttrain_step{" not in body and "posttrain_exporter_last_record_timestamp_seconds{" not in body

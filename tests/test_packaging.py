@@ -8,13 +8,12 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import REPO, free_port
 from prometheus_client.parser import text_string_to_metric_families
+from support.loopback import scrape_until
 
 from exporter import __version__
 
@@ -89,14 +88,8 @@ def test_built_package_installs_and_runs_in_a_clean_venv(dist: dict[str, Path], 
     proc = subprocess.Popen([str(bin_ / "posttrain-exporter"), "demo", "--once", "--steps-per-second", "1000",
                              "--web.listen-address", f"127.0.0.1:{port}"], cwd=away, env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    body, deadline = "", time.monotonic() + 60
     try:
-        while time.monotonic() < deadline and _samples(body, "posttrain_step").get("demo-grpo") != 300.0:
-            time.sleep(0.2)
-            try:
-                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-            except OSError:
-                assert proc.poll() is None, proc.stderr.read().decode()
+        body = scrape_until(port, lambda b: _samples(b, "posttrain_step").get("demo-grpo") == 300.0, proc, 60)
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)

@@ -10,6 +10,7 @@ Two levels, as mtail separates its log streams from the loop that drives them:
 
 from __future__ import annotations
 
+import queue
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -66,3 +67,17 @@ class Source:
     def drained(self) -> bool:
         """Everything there is now has been read: `dump` stops polling here (a stream: once it has ended)."""
         return not self.catching_up
+
+
+def drain(q: queue.Queue[str | None] | queue.SimpleQueue[str | None], timeout: float) -> tuple[list[str], bool]:
+    """Everything waiting in `q`, a reading thread's queue of text ended by None, waiting up to `timeout` for the
+    first piece; and whether the end was reached."""
+    out: list[str] = []
+    try:
+        item = q.get(timeout=timeout) if timeout else q.get_nowait()
+        while item is not None:
+            out.append(item)
+            item = q.get_nowait()
+        return out, True
+    except queue.Empty:
+        return out, False

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from exporter.sources.base import FollowStats
+from exporter.sources.base import FollowStats, drain
 
 log = logging.getLogger(__name__)
 
@@ -97,17 +97,8 @@ class PendingText:
 
     def poll(self, timeout: float = 0.0) -> list[str]:
         """What is waiting (blocking up to `timeout` for the first piece); `closed` once the stream ended."""
-        out: list[str] = []
-        try:
-            item = self._q.get(timeout=timeout) if timeout else self._q.get_nowait()
-            while True:
-                if item is None:
-                    self.closed = True
-                    break
-                out.append(item)
-                item = self._q.get_nowait()
-        except queue.Empty:
-            pass
+        out, ended = drain(self._q, timeout)
+        self.closed = self.closed or ended
         with self._lock:
             self._pending -= sum(map(len, out))
         return out

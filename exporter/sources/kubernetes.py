@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.config import ConfigError
-from exporter.sources.base import FollowStats
+from exporter.sources.base import FollowStats, drain
 
 log = logging.getLogger(__name__)
 
@@ -320,17 +320,8 @@ class KubernetesLogReader:
 
     def poll(self, timeout: float = 0.0) -> list[str]:
         self.start()
-        out: list[str] = []
-        try:
-            item = self._q.get(timeout=timeout) if timeout else self._q.get_nowait()
-            while True:
-                if item is None:
-                    self.closed = True
-                    break
-                out.append(item)
-                item = self._q.get_nowait()
-        except queue.Empty:
-            pass
+        out, ended = drain(self._q, timeout)
+        self.closed = self.closed or ended
         return out
 
     def close(self) -> None:

@@ -26,6 +26,19 @@ def http_ready(port: int, path: str = "/-/ready") -> bool:
         return r.status == 200
 
 
+def scrape_until(port: int, done: Callable[[str], bool], proc: subprocess.Popen, timeout: float) -> str:
+    """Scrapes an exporter started as `proc` until `done(body)` or `timeout`; its last /metrics body (empty if
+    none came). A process that exits meanwhile fails the test with its standard error."""
+    body, deadline = "", time.monotonic() + timeout
+    while time.monotonic() < deadline and not done(body):
+        try:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+        except OSError:
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else f"exit {proc.returncode}"
+            time.sleep(0.2)
+    return body
+
+
 class Processes:
     """Started processes, each logging to `<logdir>/<name>.log`; all are stopped when the block ends."""
 
