@@ -124,11 +124,8 @@ class TrainerStateInput(Source):
         return bool(records)
 
     def _error(self, reason: str, n: int) -> None:
-        self.stats.lines["trainer_state", "error"] += n
-        self.stats.parse_errors["trainer_state", reason] += n
-        self.stats.warn_once(self.run.name, ("trainer_state", reason), "skipped %s or entries of its log_history "
-                             "(%s); further ones are only counted in posttrain_exporter_parse_errors_total",
-                             self.spec.path, reason)
+        self.stats.error(self.run.name, "trainer_state", reason, n, "skipped %s or entries of its log_history (%s)",
+                         self.spec.path, reason)
 
 
 class TensorBoardInput(Source):
@@ -155,10 +152,8 @@ class TensorBoardInput(Source):
 
     def _ingest(self, records: list[Record]) -> None:
         for reason, n in self.reader.errors.items():
-            self.stats.lines[TB_FORMAT, "error"] += n
-            self.stats.parse_errors[TB_FORMAT, reason] += n
-            self.stats.warn_once(self.run.name, (TB_FORMAT, reason), "%s: event records skipped (%s); further ones "
-                                 "are only counted in posttrain_exporter_parse_errors_total", self.spec.path, reason)
+            self.stats.error(self.run.name, TB_FORMAT, reason, n, "%s: event records skipped (%s)", self.spec.path,
+                             reason)
         self.reader.errors.clear()
         for rec in records:
             self.stats.lines[TB_FORMAT, "record"] += 1

@@ -49,6 +49,14 @@ class IngestStats:
         if self.first_time(*what):
             log.warning("run %s: " + message, run, *args)
 
+    def error(self, run: str, fmt: str, reason: str, n: int, message: str, *args: object) -> None:
+        """`n` inputs of format `fmt` skipped for `reason`: counted (lines by outcome, parse errors by reason),
+        and said once per run and reason; `message % args` ends with what is left to the counters."""
+        self.lines[fmt, "error"] += n
+        self.parse_errors[fmt, reason] += n
+        self.warn_once(run, (fmt, reason), message + "; further ones are only counted in "
+                       "posttrain_exporter_parse_errors_total", *args)
+
     def line_counts(self) -> dict[tuple[str, str], int]:
         counts = dict(self.lines)
         if self.bar_draws:
@@ -180,10 +188,7 @@ class ConsoleStream:
                           "posttrain_exporter_parse_errors_total): %.120r", self.run.name, text)
 
     def _error(self, e: ParseError) -> None:
-        self.stats.lines[e.fmt, "error"] += 1
-        self.stats.parse_errors[e.fmt, e.reason] += 1
-        self.stats.warn_once(self.run.name, (e.fmt, e.reason), "skipped a line that could not be parsed (%s); "
-                             "further ones are only counted in posttrain_exporter_parse_errors_total", e)
+        self.stats.error(self.run.name, e.fmt, e.reason, 1, "skipped a line that could not be parsed (%s)", e)
 
     def _ingest(self, records: list[Record]) -> None:
         for rec in records:
