@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import ingested, trainer_state_values
 
+import exporter.detectors.engine as engine_module
 import exporter.instruments.run as run_module
 from exporter.instruments.columns import Column
 from exporter.instruments.keymap import KeyMap
@@ -50,8 +51,22 @@ def synthetic_records() -> list[tuple[dict[str, float], int]]:
     return out
 
 
-def run_in_batches(records, batch: int, scrape_every: int | None, monkeypatch) -> RunState:
+def late_reward_records() -> list[tuple[dict[str, float], int]]:
+    """The synthetic run without its reward for its first 150 steps, its entropy falling from 2 to 0.2 by step 100:
+    what waits to be judged when the first reward arrives was logged by a run that did not sample, so the
+    entropy collapse (RL runs only) must not judge it."""
+    out = []
+    for values, step in synthetic_records():
+        values = {k: v for k, v in values.items() if k != "reward" or step > 150}
+        if "loss" in values and "reward_std" in values:
+            values["entropy"] = max(0.2, 2.0 - step / 50)
+        out.append((values, step))
+    return out
+
+
+def run_in_batches(records, batch: int, scrape_every: int | None, monkeypatch, judge_rows: int = 4096) -> RunState:
     monkeypatch.setattr(run_module, "BATCH_RECORDS", batch)
+    monkeypatch.setattr(engine_module, "JUDGE_ROWS", judge_rows)
     run = RunState("r", KeyMap())
     for i, (values, step) in enumerate(records):
         run.ingest(Record(dict(values), "jsonl", step=step))
@@ -91,15 +106,20 @@ def same(a, b) -> bool:
     return a == b
 
 
-@pytest.mark.parametrize("source", ["grpo", "grpo_saturated", "dpo", "sft", "synthetic"])
+@pytest.mark.parametrize("source", ["grpo", "grpo_saturated", "dpo", "sft", "synthetic", "late_reward"])
 def test_where_batches_are_cut_changes_nothing(source: str, monkeypatch) -> None:
-    records = synthetic_records() if source == "synthetic" else trainer_state_values(source)
-    one_at_a_time = state_of(run_in_batches(records, 1, None, monkeypatch))
+    """Record batches of any size, scrapes in between, and the detectors judging each batch as it comes
+    (judge_rows 1) or waiting for several (judge_rows above the batch) leave the state of one record at a time."""
+    synthetic = {"synthetic": synthetic_records, "late_reward": late_reward_records}
+    records = synthetic[source]() if source in synthetic else trainer_state_values(source)
+    one_at_a_time = state_of(run_in_batches(records, 1, None, monkeypatch, judge_rows=1))
     assert one_at_a_time["series"] and one_at_a_time["gauges"]
-    for batch, scrape_every in [(1024, None), (7, None), (64, 13), (1024, 1)]:
-        batched = state_of(run_in_batches(records, batch, scrape_every, monkeypatch))
+    for batch, scrape_every, judge_rows in [(1024, None, 4096), (7, None, 4096), (7, None, 50), (64, 13, 4096),
+                                            (1024, 1, 4096), (64, None, 1)]:
+        batched = state_of(run_in_batches(records, batch, scrape_every, monkeypatch, judge_rows))
         for part, value in one_at_a_time.items():
-            assert same(value, batched[part]), f"batch {batch}, scrape every {scrape_every}: {part} differs"
+            assert same(value, batched[part]), (f"batch {batch}, scrape every {scrape_every}, judge rows "
+                                                f"{judge_rows}: {part} differs")
 
 
 def test_synthetic_run_exercises_what_it_claims(monkeypatch) -> None:

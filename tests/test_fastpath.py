@@ -15,6 +15,7 @@ import json
 import math
 import random
 import re
+import struct
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from conftest import FIXTURES
 
 from exporter import cli
 from exporter.instruments.run import RunState
-from exporter.parsers import chain, fastpath, jsonl, pydict
+from exporter.parsers import chain, fastpath, jsonl, pydict, values
 from exporter.parsers.quoted import QuotedShapes
 
 # Lines whose value is a clock reading or a duration: they differ between any two runs.
@@ -74,6 +75,38 @@ def assert_same(path: Path, *args: str) -> str:
     return fast
 
 
+def test_floats_reads_every_text_as_float_does() -> None:
+    """values.floats (fastnumbers, float() for what it refuses) gives float()'s bits, NaN's sign included, and
+    raises where float() raises: on texts float() refuses, NaN spellings, the edges of a double's range, and the
+    reprs and long expansions of random bit patterns."""
+    rng = random.Random(3)
+    texts = [*ODD_VALUES, "nan", "-nan", "NaN", "+inf", "-Infinity", "iNfInItY", "1_0", "_1", "1__0", "1e-400",
+             "0." + "0" * 400 + "1", "1" * 400, "9007199254740993", " 1.5 ", "\u00a01.5", "\u0663.\u0665", ".5", "5.",
+             "nan(123)", "inf()", "1.5()", "1,5", "--1", "e5", "1e", ""]
+    for _ in range(3000):
+        x = struct.unpack("<d", rng.getrandbits(64).to_bytes(8, "little"))[0]
+        texts += [repr(x), f"{x:.20e}", f"{x:.3g}", f"{x:.30f}"]
+
+    def bits(t: str) -> str:
+        try:
+            x = float(t)
+        except ValueError:
+            return "ValueError"
+        return "nan" + str(math.copysign(1, x)) if x != x else x.hex()
+
+    for t in texts:
+        try:
+            got = values.floats([t])[0]
+            read = "nan" + str(math.copysign(1, got)) if got != got else got.hex()
+        except ValueError:
+            read = "ValueError"
+        assert read == bits(t), t
+    good = [t for t in texts if bits(t) != "ValueError"]
+    assert [x.hex() for x in values.floats(good) if x == x] == [float(t).hex() for t in good if float(t) == float(t)]
+    with pytest.raises(ValueError):
+        values.floats([*good, "nan(1)"])  # fastnumbers reads NaN there: the whole list is read by float()
+
+
 def test_the_fixtures_are_there() -> None:
     assert len(FIXTURE_FILES) > 30 and any(p.name == "combined_unbuffered.log" for p in FIXTURE_FILES)
 
@@ -87,7 +120,8 @@ def test_every_fixture_reads_the_same_with_the_fast_paths_off(path: Path) -> Non
 
 KEYS = [f"actor/k{i}" for i in range(6)] + ["critic/score/mean", "timing_s/step", "perf/total_num_tokens"]
 ODD_VALUES = ["nan", "inf", "-inf", "None", "abc", "'0.5'", "1_000", "np.float64(nan)", "np.float64(x)", "",
-              "1e400", "-0.0", "0x10", "tensor(0.5)", "np.int64(3)", "True"]
+              "1e400", "-0.0", "0x10", "tensor(0.5)", "np.int64(3)", "True",
+              "nan(1)", "-nan()", "1.7976931348623159e308", "4.9e-324", "2.4703282292062328e-324", "+.5E-3"]
 ODD_JSON = ["NaN", "Infinity", "-Infinity", "null", "true", '"0.5"', '"abc"', '{"a": 1}', "[1]", "1" * 400, "-0.0",
             "1e400", "12345678901234567890", "-0", "01", "1.", "1.e5", "+1", "1E+2", "9" * 305, "-" + "9" * 320]
 

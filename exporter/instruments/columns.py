@@ -42,6 +42,10 @@ class Column:
     def all_finite(self) -> bool:
         return bool(self.finite.all())
 
+    def where(self, mask: np.ndarray) -> Column:
+        """The values at `mask`'s positions, rows still indexing the whole batch."""
+        return Column(self.rows[mask], self.steps[mask], self.values[mask], self.finite[mask])
+
     def finite_values(self) -> np.ndarray:
         return self.values if self.all_finite else self.values[self.finite]
 

@@ -3,9 +3,9 @@
 A trainer prints a few record shapes (the same keys in the same order, each value printed the same
 way) over and over. The general parsers read each line key by key in Python; here a shape seen twice
 gets one compiled pattern (its keys as literal text, a group per value), so that the next lines of
-that shape are read by one fullmatch and one `map(float, ...)`, and share one keys tuple. JSON lines
-are decoded by json.loads as before; when every value of the record is a plain float or int, the
-record is built from the dict's keys and values at once instead of key by key.
+that shape are read by one fullmatch and one conversion of its values (values.floats), and share one
+keys tuple. JSON lines are decoded by json.loads as before; when every value of the record is a plain
+float or int, the record is built from the dict's keys and values at once instead of key by key.
 
 A fast path answers only where it gives exactly what the general parser would give on the same
 line: a pattern is installed only after it read its first line to the same record as the general
@@ -25,6 +25,7 @@ from itertools import chain
 from operator import itemgetter
 
 from exporter.parsers.record import Record, RecordKind, classify
+from exporter.parsers.values import floats
 
 ENABLED = os.environ.get("POSTTRAIN_EXPORTER_FASTPATH", "1") not in ("0", "false", "no", "off")
 
@@ -126,7 +127,7 @@ class VerlConsoleFast:
         if len(step) > _MAX_STEP_DIGITS:
             return None
         try:
-            return Record.of_kind(keys, list(map(float, groups[1:])), "verl_console", int(step), kind)
+            return Record.of_kind(keys, floats(groups[1:]), "verl_console", int(step), kind)
         except ValueError:
             return None
 
@@ -150,7 +151,10 @@ class VerlConsoleFast:
 
 # --- OpenRLHF: `... ✨ Global step 12: {'policy_loss': -0.02, 'kl': 0.013}` --------------------------------
 
-_OPENRLHF_VALUE = "([^,{}'\"\\s]++)"  # a bare number: what float() reads, with nothing the pair regex could see
+# A bare number as Python prints it (digits, sign, point, exponent, nan, inf): what float() reads, with nothing the
+# pair regex could see. ASCII only: a class of ASCII ranges is checked faster than one excluding `\s` (a third of
+# the run's findall); a value with any other character is read line by line.
+_OPENRLHF_VALUE = "([-+.0-9A-Za-z]++)"
 
 
 def _openrlhf_pattern(shape: Shape) -> str:
@@ -205,7 +209,7 @@ class OpenRLHFFast:
             self._skip = _RUN_RETRY
             return None
         try:
-            flat = list(map(float, chain.from_iterable(map(_values, found))))  # every value of every line
+            flat = floats(list(chain.from_iterable(map(_values, found))))  # every value of every line
         except ValueError:
             self._skip = _RUN_RETRY
             return None
@@ -224,7 +228,7 @@ class OpenRLHFFast:
         if m is None:
             return None
         try:
-            return Record.of_kind(keys, list(map(float, m.groups())), "openrlhf", step, kind)
+            return Record.of_kind(keys, floats(m.groups()), "openrlhf", step, kind)
         except ValueError:
             return None
 
@@ -297,7 +301,7 @@ class JsonFast:
             step = None
         if "-0" in groups or (len(m.string) - literal > 300 and max(map(len, groups)) > 300):
             return None  # json reads `-0` as the integer 0 (exported 0.0, not -0.0); a long integer may overflow
-        return Record.of_kind(keys, list(map(float, groups)), fmt, step, kind)
+        return Record.of_kind(keys, floats(groups), fmt, step, kind)
 
     def learn(self, s: str, obj: dict, rec: Record) -> None:
         """`obj` (json.loads of `s`) read by the general path to `rec`: its shape may earn a pattern."""

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
+
+from fastnumbers import try_float
 
 _WRAPPED = re.compile(
     r"^(?:np|numpy)\.(?:float|int|uint)\d*\((?P<a>[^()]*)\)$|^tensor\((?P<b>[^(),]*)(?:,[^()]*)?\)$"
@@ -52,6 +54,18 @@ def to_float(token: str) -> float:
     if t in _NONE:
         raise Skip("none")
     raise Skip("non_numeric")
+
+
+def floats(texts: Sequence[str]) -> list[float]:
+    """[float(t) for t in texts], bit for bit, ValueError included, at about a third of the cost on long
+    float reprs: fastnumbers parses with fast_float (correctly rounded, as float() is) and hands what it
+    refuses (`1_0`, anything no number) to float() itself. It reads `nan(...)` as NaN where float() refuses
+    it, so a list holding a NaN (its sum is NaN) is read again by float()."""
+    numbers = try_float(texts, map=list, on_fail=float)
+    total = sum(numbers)
+    if total != total:
+        return list(map(float, texts))
+    return numbers
 
 
 def int_to_float(v: int) -> float:
