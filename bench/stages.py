@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from exporter.console.framing import ConsoleFramer
+from exporter.entry import tune_gc
 from exporter.instruments.keymap import KeyMap
 from exporter.instruments.run import RunState
 from exporter.parsers.chain import LineParserChain
@@ -59,6 +60,7 @@ def main() -> None:
     ap.add_argument("log", type=Path)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
+    tune_gc()  # as the command does
     text = args.log.read_bytes().decode("utf-8", "replace")
     chunks = [text[i : i + (1 << 20)] for i in range(0, len(text), 1 << 20)]  # as the file reader hands them out
 

@@ -1,3 +1,3 @@
-from exporter.cli import entry
+from exporter.entry import main
 
-raise SystemExit(entry())
+raise SystemExit(main())

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import os
@@ -530,21 +529,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _env_note(args: argparse.Namespace | None) -> str:
     used = getattr(args, "from_env", None)
     return f" (set from the environment: {', '.join(used)})" if used else ""
-
-
-def tune_gc() -> None:
-    """The cyclic garbage collector, set for a process that makes records by the million and cycles hardly
-    ever (refcounting frees them): what start-up loaded (modules, numpy, the catalog) is frozen out of every
-    later collection, and the youngest generation is collected every 50,000 allocations instead of 700.
-    Collections were 15-25% of `dump`'s time on a 200k-line log (bench/README.md); memory does not grow."""
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 20)
-
-
-def entry() -> int:
-    """The `posttrain-exporter` command (and `python -m exporter`): main() in a process of its own."""
-    tune_gc()
-    return main()
 
 
 def main(argv: list[str] | None = None) -> int:
