@@ -97,7 +97,8 @@ class DetectorSet:
         reads the state. `count` is off while a resumed run's history is replayed (its onsets and spikes were
         counted when they happened): that batch is judged at once."""
         reward = cols.get(("reward", None))
-        if reward is not None and not self.rl:  # the first reward: the records before it are of a run without one
+        # The run's first reward: the records before it are judged as a run's without one (as one at a time would be).
+        if reward is not None and len(reward.rows) and not self.rl:
             first = int(reward.rows[0])
             if first:
                 self._waiting.append(self._inputs_of(_rows(cols, lambda r: r < first), nrows))
