@@ -180,6 +180,28 @@ class ConsoleStream:
                 self._ingest(clock.record(rec))
         run.ingest_many(stepped)
 
+    def redrawn_run(self, columns: list[tuple[str, ...]], start: int) -> int:
+        """tqdm.write's lines (console/framing.py, _REDRAWN_LINE), from line `start`: bar(), clear() and line() for
+        each, without a call each, for the leading lines whose metric line is a record and whose bar has one total;
+        the index of the first line left (to the framer's one-by-one path)."""
+        counts, totals, further, lasts, texts = columns
+        total, n = totals[start], len(texts)
+        if not self.clock.takes_redraws(total):
+            return start
+        end = start
+        while end < n and totals[end] == total and len(texts[end]) <= _WIDE_LINE:
+            end += 1
+        recs = self.parsers.dict_records(texts[start:end])
+        if not recs:
+            return start
+        end = start + len(recs)
+        released = self.clock.redrawn(total, list(map(int, counts[start:end])),
+                                      int(lasts[end - 1] or counts[end - 1]), recs)
+        self.stats.bar_draws += len(recs) + "".join(further[start:end]).count("\r")
+        self.stats.lines[recs[0].fmt, "record"] += len(recs)  # parse_hf_dict's records are all "hf_dict"
+        self.run.ingest_many(released)
+        return end
+
     def _internal_error(self, text: str) -> None:
         self.stats.lines["unknown", "error"] += 1
         self.stats.parse_errors["unknown", "internal_error"] += 1

@@ -26,6 +26,17 @@ _CURSOR_UP = "\x1b[A"  # tqdm moves up after drawing a bar at position >= 1 (nes
 # when there is only the percentage); a count or total of more than 15 digits is no bar (and would be no step).
 _BAR = re.compile(r"^(?:\s*+\d{1,3}+%|([^{|]*+))\|[^|]*+\|\s*+(\d{1,15}+)/(\d{1,15}+)\s*+\[[^\]]*+\]")
 _CLEAR_MIN_SPACES = 8
+# A \n-line as tqdm.write leaves a metric line between draws of the training bar, the common line of a combined
+# stream: draws of the bar (the percentage form, nothing after them, one total), a clear and a whole metric line:
+# `\r  6%|▋    | 351/5700 [00:07<00:28,  8.67it/s]\r<8+ spaces>\r{'loss': ...}`. Groups: the first draw's count,
+# the total, the further draws, the last one's count (None without further draws), the metric line. Stricter than
+# _segments (spaces where _BAR takes \s, no escapes): a line it matches, _segments frames as bar()s, clear(),
+# line(); sink.redrawn_run takes such lines in runs.
+_DRAWN = r" *+\d{1,3}+%\|[^|\r\n\x1b]*+\| *+"
+_REDRAWN_LINE = re.compile(
+    rf"\r{_DRAWN}(\d{{1,15}}+)/(\d{{1,15}}+) *+\[[^\]\r\n\x1b]*+\]"
+    rf"((?:\r{_DRAWN}(\d{{1,15}}+)/\2 *+\[[^\]\r\n\x1b]*+\])*+)"
+    r"\r {8,}+\r(\{[^\r\n\x1b]*+)")
 # Starts of a line that a trainer prints in one piece; only these are held open when cut.
 # (Possessive: `\d+[^)]*` without a `)` after it backtracked over every split of the digits.)
 _LINE_START = re.compile(r"^(?:\{['\"]|(?:\([\w.-]++ pid=\d++[^)]*+\)\s++)?step:\d++ - )")
@@ -48,6 +59,9 @@ class ConsoleSink(Protocol):
     def overlong(self) -> None: ...  # a line longer than max_line_length was dropped
 
     # Optional: `line_run(texts)`, the same as `line(text)` for each in turn (a run of plain lines at once).
+    # Optional: `redrawn_run(columns, start) -> int`, tqdm.write's lines (_REDRAWN_LINE) at once: `columns` holds
+    # their groups, column by column; from line `start` on, the sink takes what it can as bar(), clear() and line()
+    # would, and returns the index of the first line it left (`start`: none taken).
 
 
 class ConsoleFramer:
@@ -59,6 +73,7 @@ class ConsoleFramer:
         self._skipping = False  # inside a line over max_line_length: dropped up to its end
         self._open: str | None = None  # start of a metric line cut by a \r
         self._batch = getattr(sink, "line_run", None)  # a run of plain \n-terminated lines at once
+        self._redrawn = getattr(sink, "redrawn_run", None)  # a run of tqdm.write's lines at once
 
     def feed(self, text: str) -> None:
         if self._skipping:
@@ -84,29 +99,66 @@ class ConsoleFramer:
         self._hold(data[last + 1 :])
         tail = lines.pop()  # after the last \n: \r-terminated segments only (possibly none)
         # Runs of plain lines (no \r, no escape, no bar, not blank, no line held open) go to the sink in
-        # one call (sink.line_run): a trainer without bars prints nothing else.
-        run: list[str] | None = [] if self._batch and fastpath.ENABLED else None
+        # one call (sink.line_run): a trainer without bars prints nothing else. Runs of tqdm.write's lines
+        # (_REDRAWN_LINE) go to sink.redrawn_run: a combined stream prints little else.
+        fast = fastpath.ENABLED
+        run: list[str] | None = [] if self._batch and fast else None
+        redrawn = _REDRAWN_LINE.fullmatch if self._redrawn and fast else None
+        drawn: list[tuple[str, ...]] = []  # a run of tqdm.write's lines: their _REDRAWN_LINE groups
+        drawn_lines: list[str] = []
         for line in lines:
-            if run is not None and line and self._open is None and "\r" not in line and "\x1b" not in line \
-                    and "|" not in line and not line.isspace():
-                run.append(line)
+            if "\r" not in line:
+                if run is not None and line and self._open is None and "\x1b" not in line and "|" not in line \
+                        and not line.isspace():
+                    if drawn:
+                        self._redrawn_run(drawn, drawn_lines)
+                        drawn, drawn_lines = [], []
+                    run.append(line)
+                    continue
+            elif redrawn is not None and self._open is None and (m := redrawn(line)) is not None:
+                if run:
+                    self._batch(run)
+                    run = []
+                drawn.append(m.groups())
+                drawn_lines.append(line)
                 continue
             if run:
                 self._batch(run)
                 run = []
-            if "\r" in line:
-                segments = line.split("\r")
-                if not segments[-1]:
-                    segments.pop()  # the line ended with \r\n
-                self._segments(segments, True)
-            elif line:
-                self._segment(line, True)
+            if drawn:
+                self._redrawn_run(drawn, drawn_lines)
+                drawn, drawn_lines = [], []
+            self._line(line)
         if run:
             self._batch(run)
+        if drawn:
+            self._redrawn_run(drawn, drawn_lines)
         if tail:
             segments = tail.split("\r")
             segments.pop()  # the empty text after the tail's last \r
             self._segments(segments, False)
+
+    def _line(self, line: str) -> None:
+        """A \n-terminated line (without its \n), segment by segment."""
+        if "\r" in line:
+            segments = line.split("\r")
+            if not segments[-1]:
+                segments.pop()  # the line ended with \r\n
+            self._segments(segments, True)
+        elif line:
+            self._segment(line, True)
+
+    def _redrawn_run(self, drawn: list[tuple[str, ...]], lines: list[str]) -> None:
+        """A run of tqdm.write's lines: the sink takes what it can from the start of the run, the first line
+        it leaves (its clock or a metric line that is no record) is framed on its own, and the rest offered
+        again."""
+        columns = list(zip(*drawn, strict=True))
+        start, end = 0, len(lines)
+        while start < end:
+            start = self._redrawn(columns, start)
+            if start < end:
+                self._line(lines[start])
+                start += 1
 
     def _extends_held(self, text: str) -> bool:
         """`text` ends no line: no \\n, no \\r but perhaps a last one (half of a \\r\\n?), and the held

@@ -151,6 +151,34 @@ class StepClock:
             self._step(rec, self.last_step + 1)
         return True
 
+    def takes_redraws(self, total: str) -> bool:
+        """redrawn() covers the clock's state: the bar of `total` is the training bar, no redraw is queued, and at
+        most one record waits, after a clear (for the next draw)."""
+        return total == self._total and not self._redraws and (
+            not self._pending or (len(self._pending) == 1 and self._cleared))
+
+    def redrawn(self, total: str, counts: list[int], last_count: int, recs: list[Record]) -> list[Record]:
+        """For each i: bar(counts[i], total), further draws of the bar ending at `last_count`, clear(), then
+        record(recs[i]) of a record without its step (tqdm.write's lines in a combined stream), when
+        takes_redraws(total); the records released, as bar() and record() would release them."""
+        pending = self._pending
+        if pending:
+            out = [pending.popleft(), *recs[:-1]]  # each record takes the next line's first draw
+            pending.append(recs[-1])
+        elif self._cleared:  # a redraw came when no record waited: each record takes its own line's first draw
+            out = recs
+        else:  # no clear before the first line: its draws release nothing
+            out, counts = recs[:-1], counts[1:]
+            pending.append(recs[-1])
+        for rec, count in zip(out, counts, strict=True):
+            rec.step = count
+        if out:
+            self.last_step = counts[-1]
+            self._bar_used = True
+        self._bar = last_count
+        self._cleared = True
+        return out
+
     def _release(self) -> list[Record]:
         out: list[Record] = []
         while self._pending and self._redraws:

@@ -61,6 +61,7 @@ class LineParserChain:
         self._blocks = MetricsBlocks() if fmt in _WITH_METRICS_BLOCKS else None
         # OpenRLHF's step lines come first where the chain tries them (auto: before user formats and katib).
         self._openrlhf_runs = fmt in ("auto", "openrlhf")
+        self._dict_lines = fmt in ("auto", "hf")  # formats whose parse() reads a `{'` line with parse_hf_dict first
 
     def parse_run(self, texts: list[str]) -> list[Record] | None:
         """[parse(text) for text in texts] when every line is a record of a shape read at once (OpenRLHF's step
@@ -69,6 +70,24 @@ class LineParserChain:
         if self._openrlhf_runs and (blocks is None or not blocks.active) and "Global step" in texts[0]:
             return parse_openrlhf_run(texts)
         return None
+
+    def dict_records(self, texts: Sequence[str]) -> list[Record]:
+        """parse(text) for the leading `texts` that are HF dict lines (`{'...}`, whole) read to a record; stops at
+        the first that is not one (it is left to parse())."""
+        if not self._dict_lines or (self._blocks is not None and self._blocks.active):
+            return []
+        out: list[Record] = []
+        for text in texts:
+            if not text.startswith("{'"):
+                break
+            try:
+                rec = parse_hf_dict(text)  # what parse() would call first, and all it would call for a record
+            except Exception:  # ParseError or a parser bug: parse() counts it
+                break
+            if rec is None:
+                break
+            out.append(rec)
+        return out
 
     @staticmethod
     def _auto_structured(line: str) -> Record | None:
