@@ -21,10 +21,13 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from exporter import cli
+from exporter import cli, pipeline
+from exporter.console.steps import StepClock
+from exporter.instruments.keymap import KeyMap
 from exporter.instruments.run import RunState
 from exporter.parsers import chain, fastpath, jsonl, pydict, values
 from exporter.parsers.quoted import QuotedShapes
+from exporter.parsers.record import Record
 
 # Lines whose value is a clock reading or a duration: they differ between any two runs.
 _CLOCK = re.compile(r"^(?:process_|python_gc_|posttrain_gpu_sampler_"
@@ -387,4 +390,175 @@ def test_the_comparison_sees_a_run_read_at_once_that_changes_a_value(tmp_path: P
         return recs
 
     monkeypatch.setattr(fastpath.OpenRLHFFast, "parse_run", off_by_one_ulp)
+    assert dump(path, True) != fast_ok
+
+
+# --- A combined stream's tqdm.write lines framed a run at a time (ConsoleStream.redrawn_run) ------------------
+
+def _draw(n: int, total: int, rate: str = "8.67") -> str:
+    return f"\r{100 * n // total:3d}%|{'#' * (10 * n // total):<10}| {n}/{total} [00:07<00:28, {rate}it/s]"
+
+
+_QUOTED_KEYS = ["loss", "grad_norm", "learning_rate", "reward", "reward_std", "kl", "entropy"]
+
+
+def _metric_line(rng: random.Random, epoch: float) -> str:
+    keys = _QUOTED_KEYS if rng.random() < 0.5 else _QUOTED_KEYS[:4]  # GRPO alternates between two shapes
+    values = ", ".join(f"'{k}': '{rng.choice([_number(rng), 0.0, 1.0]):.4g}'" for k in keys)
+    return f"{{{values}, 'epoch': '{epoch:.4g}'}}"
+
+
+# A tqdm.write line changed: each either leaves _REDRAWN_LINE's shape (framed one by one), or keeps it with a
+# metric line that is no record, or one that changes the clock's state.
+_REDRAWN_MUTATIONS = [
+    lambda line, rng: line.replace("{'loss': '", "{'loss': 'abc", 1),  # a text value: skipped, still a record
+    lambda line, rng: line[: line.index("{")] + "{'prompt': 'hi'}",  # only text: no record
+    lambda line, rng: line[:-1],  # cut: a ParseError
+    lambda line, rng: line[: line.index("{")] + '{"loss": 1.5, "epoch": 1}',  # JSON after the clear
+    lambda line, rng: line[: line.index("{")] + "{'eval_loss': '0.5', 'eval_runtime': '1.2', 'epoch': '1'}",
+    lambda line, rng: line[: line.index("{")] + "{'loss': 1.5, 'x': np.float64(2.0), 'kl': None}",  # general pairs
+    lambda line, rng: line[: line.index("{")] + "{'train_runtime': '12.5', 'train_loss': '0.3'}",  # a summary
+    lambda line, rng: line + "\r",  # \r\n
+    lambda line, rng: line.replace(" [00:07", "\t[00:07", 1),  # a tab where _BAR takes any space
+    lambda line, rng: line.replace("\r  ", "\rEvaluating:  ", 1),  # a bar with a description
+    lambda line, rng: line.replace("        \r{", "        \x1b[A\r{", 1),  # a nested bar's clear
+    lambda line, rng: line.replace("        \r{", "\r{", 1) if line.count(" ") > 60 else line,
+    lambda line, rng: line[: line.index("\r", 1)] + "\r" + " " * 7 + line[line.index("\r", 1):],  # a short clear
+    lambda line, rng: line[: line.rindex("\r")],  # draws and a clear, no metric line
+    lambda line, rng: _draw(3, 7) + line,  # a draw of another total
+    # a new trainer.train(): a bar of another total from 0
+    lambda line, rng: _draw(0, 9) + _draw(1, 9) + line[line.rindex("\r", 0, line.rindex("\r")):],
+    lambda line, rng: line[: line.index("{")] + "{'loss': '1', '" + "k" * 20_000 + "': '2', 'epoch': '1'}",  # wide
+    lambda line, rng: line.replace("/", "1234567890123456/", 1),  # a count of 16 digits
+    lambda line, rng: line + "\n***** train metrics *****\n  epoch = 1.0\n  train_loss = 0.25",  # metrics block
+    # a metrics block's entry, by its shape: `{'loss` = `x': ...`
+    lambda line, rng: line + "\n***** eval metrics *****\n  epoch = 1.0\n" + line.replace("{'loss'", "{'loss=x'", 1),
+    lambda line, rng: line + "\n" + " " * 40,  # a lone line of spaces
+    lambda line, rng: line + "\nWarning: something\n",  # plain lines between
+    lambda line, rng: line.replace("{'loss'", "{'loss': '0.1', 'loss'", 1),  # a key twice
+]
+
+
+def combined_stream(rng: random.Random, lines: int, total: int = 5700, mutate: float = 0.12,
+                    back_every: int = 0) -> str:
+    """tqdm.write's lines as TRL's combined console log has them, one line in ~8 changed (_REDRAWN_MUTATIONS)."""
+    out, n = [], 0
+    for i in range(lines):
+        draws = ""
+        for _ in range(rng.choice([1, 1, 2, 3])):
+            n = min(total, n + rng.randrange(0, 2))
+            draws += _draw(n, total, rng.choice(["8.67", "12.3", " 7.95"]))
+        if back_every and i % back_every == back_every - 1:
+            n = max(0, n - 40)  # a resumed run: the bar goes back
+        line = draws + "\r" + " " * rng.randrange(8, 60) + "\r" + _metric_line(rng, n / 100)
+        if rng.random() < mutate:
+            line = rng.choice(_REDRAWN_MUTATIONS)(line, rng)
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _taken_lines(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Spies on ConsoleStream.redrawn_run: how many lines each call took."""
+    taken: list[int] = []
+    real = pipeline.ConsoleStream.redrawn_run
+
+    def spy(self: pipeline.ConsoleStream, columns: list[tuple[str, ...]], start: int) -> int:
+        end = real(self, columns, start)
+        taken.append(end - start)
+        return end
+
+    monkeypatch.setattr(pipeline.ConsoleStream, "redrawn_run", spy)
+    return taken
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_tqdm_write_lines_framed_at_once_read_the_same(seed: int, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """tqdm.write's lines taken a run at a time give the records (steps included), counters and exposition that
+    framing them segment by segment gives, through every change that leaves the shape or the clock's states."""
+    taken = _taken_lines(monkeypatch)
+    rng = random.Random(seed)
+    path = tmp_path / "combined.log"
+    path.write_text(combined_stream(rng, 2500, back_every=700 if seed % 2 else 0), newline="")
+    assert_same(path)
+    assert sum(taken) > 500 and 0 in taken, "lines were taken at once, and some calls took none"
+    assert_same(path, "--format", "hf")
+    taken.clear()
+    assert_same(path, "--format", "json")  # the chain reads no dict lines: every line framed one by one
+    assert not any(taken)
+
+
+def test_every_change_of_a_tqdm_write_line_reads_the_same(tmp_path: Path) -> None:
+    """Each change on its own, after lines of each clock state (a record waiting, none waiting after a clear, no
+    clear yet), and followed by clean lines."""
+    rng = random.Random(5)
+    for k, mutation in enumerate(_REDRAWN_MUTATIONS):
+        clean = combined_stream(rng, 6, mutate=0).split("\n")[:-1]
+        text = "\n".join([*clean[:3], mutation(clean[3], rng), *clean[4:]]) + "\n"
+        path = tmp_path / f"mutation_{k}.log"
+        path.write_text(text, newline="")
+        assert_same(path)
+
+
+def _records_fed(text: str, fast: bool, chunks: list[int]) -> tuple[list[str], dict[str, object]]:
+    """The records a console stream hands its run (step, kind, shape, number bits) and its counters, the text fed
+    in pieces of the given lengths."""
+    saved = fastpath.ENABLED
+    fastpath.ENABLED = fast
+    _fresh_caches()
+    try:
+        run = RunState("r", KeyMap())
+        got: list[str] = []
+        real_apply = run._apply
+
+        def applied() -> None:
+            got.extend(f"{r.step} {r.kind} {r.shape} {[x.hex() for x in r.numbers]}" for r in run._pending)
+            real_apply()
+
+        run._apply = applied  # type: ignore[method-assign]
+        stats = pipeline.IngestStats()
+        stream = pipeline.ConsoleStream(run, stats, chain.LineParserChain())
+        at = 0
+        for size in chunks:
+            stream.feed(text[at : at + size])
+            at += size
+        stream.feed(text[at:])
+        stream.finish()
+        run._apply()
+        return got, {"lines": dict(stats.lines), "bars": stats.bar_draws,
+                     "disagreements": dict(stats.step_disagreements), "records": dict(run.records)}
+    finally:
+        fastpath.ENABLED = saved
+
+
+@pytest.mark.parametrize("seed", [11, 12])
+def test_tqdm_write_lines_read_the_same_however_the_stream_is_cut(seed: int) -> None:
+    """Read pieces (a block-buffered stdout cuts anywhere, runs start in any clock state) give what one piece
+    read segment by segment gives."""
+    rng = random.Random(seed)
+    text = combined_stream(rng, 1500, mutate=0.08)
+    whole = _records_fed(text, False, [])
+    assert len(whole[0]) > 1000
+    chunks = [rng.choice([1, 7, 300, 4096, 65536]) for _ in range(len(text) // 2000)]
+    assert _records_fed(text, True, chunks) == whole
+    assert _records_fed(text, True, []) == whole
+
+
+def test_the_comparison_sees_a_run_of_tqdm_write_lines_stepped_wrong(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check has teeth: records of a run taken at once that get the draw of their own line instead of the next
+    one's fail it."""
+    path = tmp_path / "combined.log"
+    path.write_text(combined_stream(random.Random(1), 800, mutate=0), newline="")
+    fast_ok = dump(path, True)
+    assert fast_ok == dump(path, False)
+    real = StepClock.redrawn
+
+    def own_line(self: StepClock, total: str, counts: list[int], last: int, recs: list[Record]) -> list[Record]:
+        out = real(self, total, counts, last, recs)
+        for rec, count in zip(out[1:], counts, strict=False):
+            rec.step = count
+        return out
+
+    monkeypatch.setattr(StepClock, "redrawn", own_line)
     assert dump(path, True) != fast_ok
