@@ -180,16 +180,16 @@ class ConsoleStream:
                 self._ingest(clock.record(rec))
         run.ingest_many(stepped)
 
-    def redrawn_run(self, columns: list[tuple[str, ...]], start: int) -> int:
-        """tqdm.write's lines (console/framing.py, _REDRAWN_LINE), from line `start`: bar(), clear() and line() for
+    def redrawn_run(self, columns: list[tuple[str, ...]], start: int, stop: int) -> int:
+        """tqdm.write's lines (console/framing.py, _LINES), lines `start` to `stop`: bar(), clear() and line() for
         each, without a call each, for the leading lines whose metric line is a record and whose bar has one total;
         the index of the first line left (to the framer's one-by-one path)."""
         counts, totals, further, lasts, texts = columns
-        total, n = totals[start], len(texts)
+        total = totals[start]
         if not self.clock.takes_redraws(total):
             return start
         end = start
-        while end < n and totals[end] == total and len(texts[end]) <= _WIDE_LINE:
+        while end < stop and totals[end] == total and len(texts[end]) <= _WIDE_LINE:
             end += 1
         recs = self.parsers.dict_records(texts[start:end])
         if not recs:

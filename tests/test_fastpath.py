@@ -408,7 +408,7 @@ def _metric_line(rng: random.Random, epoch: float) -> str:
     return f"{{{values}, 'epoch': '{epoch:.4g}'}}"
 
 
-# A tqdm.write line changed: each either leaves _REDRAWN_LINE's shape (framed one by one), or keeps it with a
+# A tqdm.write line changed: each either leaves the framer's shape (_LINES) (framed one by one), or keeps it with a
 # metric line that is no record, or one that changes the clock's state.
 _REDRAWN_MUTATIONS = [
     lambda line, rng: line.replace("{'loss': '", "{'loss': 'abc", 1),  # a text value: skipped, still a record
@@ -419,6 +419,8 @@ _REDRAWN_MUTATIONS = [
     lambda line, rng: line[: line.index("{")] + "{'loss': 1.5, 'x': np.float64(2.0), 'kl': None}",  # general pairs
     lambda line, rng: line[: line.index("{")] + "{'train_runtime': '12.5', 'train_loss': '0.3'}",  # a summary
     lambda line, rng: line + "\r",  # \r\n
+    lambda line, rng: line + _draw(5, 5700),  # a draw after the metric line
+    lambda line, rng: line.replace("'epoch'", "'\x1b[0mepoch'", 1),  # an escape in the metric line
     lambda line, rng: line.replace(" [00:07", "\t[00:07", 1),  # a tab where _BAR takes any space
     lambda line, rng: line.replace("\r  ", "\rEvaluating:  ", 1),  # a bar with a description
     lambda line, rng: line.replace("        \r{", "        \x1b[A\r{", 1),  # a nested bar's clear
@@ -462,8 +464,8 @@ def _taken_lines(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     taken: list[int] = []
     real = pipeline.ConsoleStream.redrawn_run
 
-    def spy(self: pipeline.ConsoleStream, columns: list[tuple[str, ...]], start: int) -> int:
-        end = real(self, columns, start)
+    def spy(self: pipeline.ConsoleStream, columns: list[tuple[str, ...]], start: int, stop: int) -> int:
+        end = real(self, columns, start, stop)
         taken.append(end - start)
         return end
 

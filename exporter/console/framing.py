@@ -16,6 +16,9 @@ arriving in small reads costs linear time, not a copy of everything held so far 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from itertools import repeat
+from operator import itemgetter
 from typing import Protocol
 
 from exporter.parsers import fastpath
@@ -28,15 +31,17 @@ _BAR = re.compile(r"^(?:\s*+\d{1,3}+%|([^{|]*+))\|[^|]*+\|\s*+(\d{1,15}+)/(\d{1,
 _CLEAR_MIN_SPACES = 8
 # A \n-line as tqdm.write leaves a metric line between draws of the training bar, the common line of a combined
 # stream: draws of the bar (the percentage form, nothing after them, one total), a clear and a whole metric line:
-# `\r  6%|▋    | 351/5700 [00:07<00:28,  8.67it/s]\r<8+ spaces>\r{'loss': ...}`. Groups: the first draw's count,
-# the total, the further draws, the last one's count (None without further draws), the metric line. Stricter than
-# _segments (spaces where _BAR takes \s, no escapes): a line it matches, _segments frames as bar()s, clear(),
-# line(); sink.redrawn_run takes such lines in runs.
-_DRAWN = r" *+\d{1,3}+%\|[^|\r\n\x1b]*+\| *+"
-_REDRAWN_LINE = re.compile(
-    rf"\r{_DRAWN}(\d{{1,15}}+)/(\d{{1,15}}+) *+\[[^\]\r\n\x1b]*+\]"
-    rf"((?:\r{_DRAWN}(\d{{1,15}}+)/\2 *+\[[^\]\r\n\x1b]*+\])*+)"
-    r"\r {8,}+\r(\{[^\r\n\x1b]*+)")
+# `\r  6%|▋    | 351/5700 [00:07<00:28,  8.67it/s]\r<8+ spaces>\r{'loss': ...}\n`. Stricter than _segments (spaces
+# where _BAR takes \s, no escapes in the draws): a line it matches, with no \r or escape in its metric line (checked
+# a run at a time: `[^\n]` is scanned several times faster than a set), _segments frames as bar()s, clear(), line().
+# _LINES reads a text of whole lines at once, a tuple per line: the line (this shape), the first draw's count, the
+# total, the further draws, the last one's count ("" without further draws), the metric line; or the other line.
+_DRAWN = r" *+\d{1,3}+%\|[^|\r\n\x1b]*+\| *+(\d{1,15}+)/"
+_RATE = r" *+\[[^\]\r\n\x1b]*+\]"
+_LINES = re.compile(
+    rf"(?:(\r{_DRAWN}(?P<total>\d{{1,15}}+){_RATE}((?:\r{_DRAWN}(?P=total){_RATE})*+)\r {{8,}}+\r(\{{[^\n]*+))"
+    r"|([^\n]*+))\n")
+_WHOLE, _OTHER = itemgetter(0), itemgetter(6)
 # Starts of a line that a trainer prints in one piece; only these are held open when cut.
 # (Possessive: `\d+[^)]*` without a `)` after it backtracked over every split of the digits.)
 _LINE_START = re.compile(r"^(?:\{['\"]|(?:\([\w.-]++ pid=\d++[^)]*+\)\s++)?step:\d++ - )")
@@ -59,9 +64,10 @@ class ConsoleSink(Protocol):
     def overlong(self) -> None: ...  # a line longer than max_line_length was dropped
 
     # Optional: `line_run(texts)`, the same as `line(text)` for each in turn (a run of plain lines at once).
-    # Optional: `redrawn_run(columns, start) -> int`, tqdm.write's lines (_REDRAWN_LINE) at once: `columns` holds
-    # their groups, column by column; from line `start` on, the sink takes what it can as bar(), clear() and line()
-    # would, and returns the index of the first line it left (`start`: none taken).
+    # Optional: `redrawn_run(columns, start, stop) -> int`, tqdm.write's lines (_LINES) at once: `columns` holds
+    # their groups (first count, total, further draws, last count, metric line), column by column; of lines `start`
+    # to `stop`, the sink takes what it can from the first as bar(), clear() and line() would, and returns the index
+    # of the first line it left (`start`: none taken).
 
 
 class ConsoleFramer:
@@ -91,52 +97,71 @@ class ConsoleFramer:
         if last < 0:
             self._hold(data)
             return
-        # Splitting with str.split (C) and taking the common segments inline: one Python call
-        # per segment was the framer's whole cost in a combined stream (three to four per record).
-        lines = data[: last + 1].split("\n")
-        if last >= self.max_line_length and max(map(len, lines)) > self.max_line_length:
-            lines = [self._without_overlong(line) for line in lines]
         self._hold(data[last + 1 :])
-        tail = lines.pop()  # after the last \n: \r-terminated segments only (possibly none)
-        # Runs of plain lines (no \r, no escape, no bar, not blank, no line held open) go to the sink in
-        # one call (sink.line_run): a trainer without bars prints nothing else. Runs of tqdm.write's lines
-        # (_REDRAWN_LINE) go to sink.redrawn_run: a combined stream prints little else.
-        fast = fastpath.ENABLED
-        run: list[str] | None = [] if self._batch and fast else None
-        redrawn = _REDRAWN_LINE.fullmatch if self._redrawn and fast else None
-        drawn: list[tuple[str, ...]] = []  # a run of tqdm.write's lines: their _REDRAWN_LINE groups
+        nl = data.rfind("\n", 0, last + 1)
+        if nl >= 0:
+            self._lines(data[: nl + 1], last >= self.max_line_length)
+        tail = data[nl + 1 : last + 1]  # after the last \n: \r-terminated segments only (possibly none)
+        if tail:
+            if len(tail) > self.max_line_length:
+                tail = self._without_overlong(tail)
+            segments = tail.split("\r")
+            segments.pop()  # the empty text after the tail's last \r
+            self._segments(segments, False)
+
+    def _lines(self, text: str, may_be_overlong: bool) -> None:
+        """`text`: whole \n-terminated lines. Cut by one C call (findall, or split where no tqdm.write's line can
+        be), then framed by _frame: one Python call per segment was the framer's whole cost in a combined stream
+        (three to four per record)."""
+        if self._redrawn is not None and fastpath.ENABLED and "\r" in text:
+            parts = _LINES.findall(text)
+            if not may_be_overlong or max(max(map(len, map(_WHOLE, parts))),
+                                          max(map(len, map(_OTHER, parts)))) <= self.max_line_length:
+                self._frame(parts)
+                return
+        lines = text.split("\n")
+        lines.pop()  # the empty text after the last \n
+        if may_be_overlong and max(map(len, lines)) > self.max_line_length:
+            lines = [self._without_overlong(line) for line in lines]
+        none = repeat("")  # endless: zip ends with the lines
+        self._frame(zip(none, none, none, none, none, none, lines, strict=False))
+
+    def _frame(self, parts: Iterable[tuple[str, ...]]) -> None:
+        """Lines as _LINES cuts them. Runs of plain lines (no \r, no escape, no bar, not blank, no line held open)
+        go to the sink in one call (sink.line_run): a trainer without bars prints nothing else. Runs of tqdm.write's
+        lines go to sink.redrawn_run: a combined stream prints little else."""
+        batch = self._batch if fastpath.ENABLED else None
+        run: list[str] = []
+        drawn: list[tuple[str, ...]] = []  # a run of tqdm.write's lines: their groups
         drawn_lines: list[str] = []
-        for line in lines:
-            if "\r" not in line:
-                if run is not None and line and self._open is None and "\x1b" not in line and "|" not in line \
-                        and not line.isspace():
-                    if drawn:
-                        self._redrawn_run(drawn, drawn_lines)
-                        drawn, drawn_lines = [], []
-                    run.append(line)
+        for whole, first, total, further, last, metric, line in parts:
+            if whole:
+                if self._open is None:
+                    if run:
+                        batch(run)  # type: ignore[misc]
+                        run = []
+                    drawn.append((first, total, further, last, metric))
+                    drawn_lines.append(whole)
                     continue
-            elif redrawn is not None and self._open is None and (m := redrawn(line)) is not None:
-                if run:
-                    self._batch(run)
-                    run = []
-                drawn.append(m.groups())
-                drawn_lines.append(line)
+                line = whole
+            elif batch is not None and line and self._open is None and "\r" not in line and "\x1b" not in line \
+                    and "|" not in line and not line.isspace():
+                if drawn:
+                    self._redrawn_run(drawn, drawn_lines)
+                    drawn, drawn_lines = [], []
+                run.append(line)
                 continue
             if run:
-                self._batch(run)
+                batch(run)  # type: ignore[misc]
                 run = []
             if drawn:
                 self._redrawn_run(drawn, drawn_lines)
                 drawn, drawn_lines = [], []
             self._line(line)
         if run:
-            self._batch(run)
+            batch(run)  # type: ignore[misc]
         if drawn:
             self._redrawn_run(drawn, drawn_lines)
-        if tail:
-            segments = tail.split("\r")
-            segments.pop()  # the empty text after the tail's last \r
-            self._segments(segments, False)
 
     def _line(self, line: str) -> None:
         """A \n-terminated line (without its \n), segment by segment."""
@@ -149,16 +174,25 @@ class ConsoleFramer:
             self._segment(line, True)
 
     def _redrawn_run(self, drawn: list[tuple[str, ...]], lines: list[str]) -> None:
-        """A run of tqdm.write's lines: the sink takes what it can from the start of the run, the first line
-        it leaves (its clock or a metric line that is no record) is framed on its own, and the rest offered
-        again."""
+        """A run of tqdm.write's lines. One whose metric line holds a \r or an escape is no such line: framed on its
+        own. Of the rest, the sink takes what it can from the start of the run, the first line it leaves (its clock
+        or a metric line that is no record) is framed on its own, and the rest offered again."""
         columns = list(zip(*drawn, strict=True))
-        start, end = 0, len(lines)
-        while start < end:
-            start = self._redrawn(columns, start)
-            if start < end:
-                self._line(lines[start])
-                start += 1
+        metrics = "".join(columns[4])
+        if "\r" in metrics or "\x1b" in metrics:
+            ragged = [i for i, text in enumerate(columns[4]) if "\r" in text or "\x1b" in text]
+        else:
+            ragged = []
+        start = 0
+        for stop in [*ragged, len(lines)]:
+            while start < stop:
+                start = self._redrawn(columns, start, stop)
+                if start < stop:
+                    self._line(lines[start])
+                    start += 1
+            if stop < len(lines):
+                self._line(lines[stop])
+                start = stop + 1
 
     def _extends_held(self, text: str) -> bool:
         """`text` ends no line: no \\n, no \\r but perhaps a last one (half of a \\r\\n?), and the held
