@@ -8,7 +8,13 @@ from exporter.parsers.fastpath import VerlConsoleFast
 from exporter.parsers.jsonl import parse_json_line
 from exporter.parsers.katib import parse_katib_anywhere, parse_katib_strict
 from exporter.parsers.prefix import without_ray_suffix
-from exporter.parsers.pydict import parse_hf_dict, parse_hf_line, parse_openrlhf, parse_openrlhf_run
+from exporter.parsers.pydict import (
+    parse_hf_dict,
+    parse_hf_line,
+    parse_openrlhf,
+    parse_openrlhf_run,
+    read_hf_dicts,
+)
 from exporter.parsers.record import Record
 from exporter.parsers.summary import MetricsBlocks
 from exporter.parsers.userregex import RegexFormat
@@ -77,7 +83,12 @@ class LineParserChain:
         if not self._dict_lines or (self._blocks is not None and self._blocks.active):
             return []
         out: list[Record] = []
-        for text in texts:
+        n = len(texts)
+        while len(out) < n:
+            out += read_hf_dicts(texts, len(out))  # the lines of learned shapes, at once
+            if len(out) == n:
+                break
+            text = texts[len(out)]
             if not text.startswith("{'"):
                 break
             try:

@@ -11,6 +11,7 @@ that was NaN throughout), runs to the end of its line, and has nothing but known
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from exporter.parsers import fastpath
 from exporter.parsers.prefix import known_prefix, without_ray_suffix
@@ -70,6 +71,11 @@ def parse_hf_dict(line: str) -> Record | None:
         return None  # a model card, a config: not metrics
     rec = parse_pairs(body, "hf_dict")
     return rec if rec.numbers or "none" in rec.skipped else None  # only text values: a data sample
+
+
+def read_hf_dicts(texts: Sequence[str], start: int) -> list[Record]:
+    """parse_hf_dict(text) of texts[start:] up to the first that a learned quoted shape does not read whole."""
+    return _QUOTED.read_lines(texts, start) if fastpath.ENABLED else []
 
 
 def parse_hf_line(line: str) -> Record | None:

@@ -13,28 +13,38 @@ goes to the general pair parser."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from itertools import islice
+from typing import NamedTuple
 
 from exporter.parsers import fastpath
-from exporter.parsers.record import Record
+from exporter.parsers.record import Record, RecordKind, classify
 
 _MAX_SHAPES = 16  # patterns kept, most recently used first; a trainer has a handful of shapes
 _MAX_SEEN_ONCE = 16  # shapes seen once, waiting for a second line to earn a pattern
 _MAX_PATTERN_CHARS = 8192  # longer lines are read by str.split each time (a GRPO line is about 1,500)
 
 
+class _Shape(NamedTuple):
+    body: re.Pattern[str]  # the dict's inside
+    keys: tuple[str, ...]
+    line: re.Pattern[str]  # the dict, braces included: a whole metric line
+    kind: RecordKind
+
+
 class QuotedShapes:
     def __init__(self) -> None:
-        self._shapes: list[tuple[re.Pattern[str], tuple[str, ...]]] = []
+        self._shapes: list[_Shape] = []
         self._seen_once: dict[tuple[str, ...], tuple[str, ...]] = {}  # keys -> the first line's keys tuple
 
     def parse(self, body: str) -> Record | None:
         shapes = self._shapes
-        for i, (pattern, keys) in enumerate(shapes):
-            m = pattern.fullmatch(body)
+        for i, shape in enumerate(shapes):
+            m = shape.body.fullmatch(body)
             if m is not None:
                 if i:  # most recent first: GRPO alternates between two shapes
                     shapes.insert(0, shapes.pop(i))
-                return _record(keys, m.groups())
+                return _record(shape.keys, m.groups())
         split = _split(body)
         if split is None:
             return None
@@ -42,6 +52,26 @@ class QuotedShapes:
         if len(body) <= _MAX_PATTERN_CHARS:
             keys = self._remember(keys)
         return _record(keys, values)
+
+    def read_lines(self, texts: Sequence[str], start: int) -> list[Record]:
+        """The records of texts[start:] up to the first that no learned shape reads whole (as parse_hf_dict reads a
+        metric line `{...}` with no space around it, its body by parse(): a shape's keys leave no other reading).
+        One call for the run, not six a line."""
+        out: list[Record] = []
+        shapes, floats, of_kind = self._shapes, _FLOATS.__getitem__, Record.of_kind
+        for text in islice(texts, start, None):
+            for shape in shapes:
+                m = shape.line.fullmatch(text)
+                if m is not None:
+                    break
+            else:
+                break
+            try:
+                numbers = list(map(floats, m.groups()))
+            except ValueError:
+                break  # a value that is no number: the general path reads the line
+            out.append(of_kind(shape.keys, numbers, "hf_dict", None, shape.kind))
+        return out
 
     def _remember(self, keys: tuple[str, ...]) -> tuple[str, ...]:
         """The shape's keys tuple, shared by its lines; a shape seen before gets its pattern."""
@@ -51,7 +81,8 @@ class QuotedShapes:
                 del self._seen_once[next(iter(self._seen_once))]  # the oldest
             self._seen_once[keys] = keys
             return keys
-        self._shapes.insert(0, (_pattern_of(first), first))
+        body = _pattern_of(first)
+        self._shapes.insert(0, _Shape(body, first, re.compile(r"\{" + body.pattern + r"\}"), classify(first)))
         del self._shapes[_MAX_SHAPES:]
         return first
 
