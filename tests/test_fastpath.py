@@ -419,7 +419,8 @@ _REDRAWN_MUTATIONS = [
     lambda line, rng: line[: line.index("{")] + "{'loss': 1.5, 'x': np.float64(2.0), 'kl': None}",  # general pairs
     lambda line, rng: line[: line.index("{")] + "{'train_runtime': '12.5', 'train_loss': '0.3'}",  # a summary
     lambda line, rng: line + "\r",  # \r\n
-    lambda line, rng: line + _draw(5, 5700),  # a draw after the metric line
+    lambda line, rng: line + _draw(5, 5700),  # a draw after the metric line: the line is held open
+    lambda line, rng: line + _draw(5, 5700) + "\n" + line + "\nWarning: x",  # ... and the next line abandons it
     lambda line, rng: line.replace("'epoch'", "'\x1b[0mepoch'", 1),  # an escape in the metric line
     lambda line, rng: line.replace(" [00:07", "\t[00:07", 1),  # a tab where _BAR takes any space
     lambda line, rng: line.replace("\r  ", "\rEvaluating:  ", 1),  # a bar with a description

@@ -16,6 +16,7 @@ arriving in small reads costs linear time, not a copy of everything held so far 
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections.abc import Iterable
 from itertools import repeat
 from operator import itemgetter
@@ -175,24 +176,24 @@ class ConsoleFramer:
 
     def _redrawn_run(self, drawn: list[tuple[str, ...]], lines: list[str]) -> None:
         """A run of tqdm.write's lines. One whose metric line holds a \r or an escape is no such line: framed on its
-        own. Of the rest, the sink takes what it can from the start of the run, the first line it leaves (its clock
-        or a metric line that is no record) is framed on its own, and the rest offered again."""
+        own (it may leave a line open, and while one is open, lines are framed one by one). Of the rest, the sink
+        takes what it can from the start, the first line it leaves (its clock, or a metric line that is no record)
+        is framed on its own, and the rest offered again."""
         columns = list(zip(*drawn, strict=True))
         metrics = "".join(columns[4])
-        if "\r" in metrics or "\x1b" in metrics:
-            ragged = [i for i, text in enumerate(columns[4]) if "\r" in text or "\x1b" in text]
-        else:
-            ragged = []
-        start = 0
-        for stop in [*ragged, len(lines)]:
-            while start < stop:
-                start = self._redrawn(columns, start, stop)
+        ragged = [i for i, text in enumerate(columns[4]) if "\r" in text or "\x1b" in text] \
+            if "\r" in metrics or "\x1b" in metrics else []
+        start, end = 0, len(lines)
+        while start < end:
+            if self._open is None:
+                i = bisect_left(ragged, start)
+                stop = ragged[i] if i < len(ragged) else end
                 if start < stop:
-                    self._line(lines[start])
-                    start += 1
-            if stop < len(lines):
-                self._line(lines[stop])
-                start = stop + 1
+                    start = self._redrawn(columns, start, stop)
+                    if start == end:
+                        return
+            self._line(lines[start])
+            start += 1
 
     def _extends_held(self, text: str) -> bool:
         """`text` ends no line: no \\n, no \\r but perhaps a last one (half of a \\r\\n?), and the held
