@@ -421,6 +421,7 @@ _REDRAWN_MUTATIONS = [
     lambda line, rng: line + "\r",  # \r\n
     lambda line, rng: line + _draw(5, 5700),  # a draw after the metric line: the line is held open
     lambda line, rng: line + _draw(5, 5700) + "\n" + line + "\nWarning: x",  # ... and the next line abandons it
+    lambda line, rng: line + _draw(5, 5700) + "\nWarning: x",  # ... or is joined to it
     lambda line, rng: line.replace("'epoch'", "'\x1b[0mepoch'", 1),  # an escape in the metric line
     lambda line, rng: line.replace(" [00:07", "\t[00:07", 1),  # a tab where _BAR takes any space
     lambda line, rng: line.replace("\r  ", "\rEvaluating:  ", 1),  # a bar with a description
@@ -484,7 +485,7 @@ def test_tqdm_write_lines_framed_at_once_read_the_same(seed: int, tmp_path: Path
     path = tmp_path / "combined.log"
     path.write_text(combined_stream(rng, 2500, back_every=700 if seed % 2 else 0), newline="")
     assert_same(path)
-    assert sum(taken) > 500 and 0 in taken, "lines were taken at once, and some calls took none"
+    assert sum(taken) > 200 and 0 in taken, "lines were taken at once, and some calls took none"
     assert_same(path, "--format", "hf")
     taken.clear()
     assert_same(path, "--format", "json")  # the chain reads no dict lines: every line framed one by one

@@ -16,7 +16,6 @@ arriving in small reads costs linear time, not a copy of everything held so far 
 from __future__ import annotations
 
 import re
-from bisect import bisect_left
 from collections.abc import Iterable
 from itertools import repeat
 from operator import itemgetter
@@ -34,7 +33,7 @@ _CLEAR_MIN_SPACES = 8
 # stream: draws of the bar (the percentage form, nothing after them, one total), a clear and a whole metric line:
 # `\r  6%|▋    | 351/5700 [00:07<00:28,  8.67it/s]\r<8+ spaces>\r{'loss': ...}\n`. Stricter than _segments (spaces
 # where _BAR takes \s, no escapes in the draws): a line it matches, with no \r or escape in its metric line (checked
-# a run at a time: `[^\n]` is scanned several times faster than a set), _segments frames as bar()s, clear(), line().
+# apart: `[^\n]` is scanned several times faster than a set), _segments frames as bar()s, clear(), line().
 # _LINES reads a text of whole lines at once, a tuple per line: the line (this shape), the first draw's count, the
 # total, the further draws, the last one's count ("" without further draws), the metric line; or the other line.
 _DRAWN = r" *+\d{1,3}+%\|[^|\r\n\x1b]*+\| *+(\d{1,15}+)/"
@@ -137,7 +136,8 @@ class ConsoleFramer:
         drawn_lines: list[str] = []
         for whole, first, total, further, last, metric, line in parts:
             if whole:
-                if self._open is None:
+                # No \r or escape in the metric line (after it, a cut line could be held open), no line held open.
+                if self._open is None and "\r" not in metric and "\x1b" not in metric:
                     if run:
                         batch(run)  # type: ignore[misc]
                         run = []
@@ -175,25 +175,15 @@ class ConsoleFramer:
             self._segment(line, True)
 
     def _redrawn_run(self, drawn: list[tuple[str, ...]], lines: list[str]) -> None:
-        """A run of tqdm.write's lines. One whose metric line holds a \r or an escape is no such line: framed on its
-        own (it may leave a line open, and while one is open, lines are framed one by one). Of the rest, the sink
-        takes what it can from the start, the first line it leaves (its clock, or a metric line that is no record)
-        is framed on its own, and the rest offered again."""
+        """A run of tqdm.write's lines: the sink takes what it can from the start, the first line it leaves (its
+        clock, or a metric line that is no record) is framed on its own, and the rest offered again."""
         columns = list(zip(*drawn, strict=True))
-        metrics = "".join(columns[4])
-        ragged = [i for i, text in enumerate(columns[4]) if "\r" in text or "\x1b" in text] \
-            if "\r" in metrics or "\x1b" in metrics else []
         start, end = 0, len(lines)
         while start < end:
-            if self._open is None:
-                i = bisect_left(ragged, start)
-                stop = ragged[i] if i < len(ragged) else end
-                if start < stop:
-                    start = self._redrawn(columns, start, stop)
-                    if start == end:
-                        return
-            self._line(lines[start])
-            start += 1
+            start = self._redrawn(columns, start, end)
+            if start < end:
+                self._line(lines[start])  # as _segments frames it, it opens no line: the next ones are offered
+                start += 1
 
     def _extends_held(self, text: str) -> bool:
         """`text` ends no line: no \\n, no \\r but perhaps a last one (half of a \\r\\n?), and the held
