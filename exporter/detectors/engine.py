@@ -32,11 +32,11 @@ from exporter.instruments.settings import DerivedSettings
 Inputs = dict[SeriesKey, tuple[np.ndarray, np.ndarray]]  # per input: the steps and values of its points
 StateKey = tuple[str, str | None]  # (detector, sub-label value: the reward component, or None)
 REPLAY_POINTS = 4 * (TREND + SIGNAL)  # history judged again after a resume: a state held this long is a state
-# Rows of records judged at once: judging costs ~2.7 ms a call whatever its length, so the inputs of two record
-# batches wait (as arrays) and are judged together; any read judges what waits first. Not more: the rolling
-# statistics make (rows x window) temporaries, and at 4,096 rows the 1 GB catch-up peaked at 105 MiB against
-# 82 MiB at 2,048 and 81 MiB at 1,024 (bench/README.md).
-JUDGE_ROWS = 2048
+# Rows of records judged at once: judging costs ~2.7 ms a call whatever its length, so the inputs of four record
+# batches wait (as arrays) and are judged together; any read judges what waits first. 8,192 saved little more.
+# (The 1 GB catch-up peaked at 105 MiB with 4,096 rows while its process gave each thread a malloc arena, 69 MiB in
+# one arena: entry.py; bench/README.md.)
+JUDGE_ROWS = 4096
 _LOW, _HIGH, _REGION = ("clip_ratio", "low"), ("clip_ratio", "high"), ("clip_ratio", "region")
 
 
