@@ -34,6 +34,10 @@ class DropSink:
     def abandoned(self, text: str) -> None: ...
     def overlong(self) -> None: ...
 
+    def redrawn_run(self, columns: list[tuple[str, ...]], start: int, stop: int) -> int:
+        return stop  # tqdm.write's lines, taken at once as the console stream takes them
+
+
 
 class ParseSink(DropSink):
     def __init__(self) -> None:
@@ -46,6 +50,9 @@ class ParseSink(DropSink):
         if self.parsers.parse_run(texts) is None:
             for t in texts:
                 self.parsers.parse(t)
+
+    def redrawn_run(self, columns: list[tuple[str, ...]], start: int, stop: int) -> int:
+        return start + len(self.parsers.dict_records(columns[4][start:stop]))  # the rest: line() by line()
 
 
 class DropRun:

@@ -393,3 +393,20 @@ def test_dump_of_stdin_with_a_huge_unterminated_line(tmp_path) -> None:
     out = res.stdout.decode()
     assert sample(out, "posttrain_loss") == good_loss(0)
     assert sample(out, "posttrain_exporter_lines_dropped_total", reason="too_long") == 1
+
+
+@pytest.mark.parametrize("line", ["a\r", "\r", "ab\r{'"])
+def test_a_read_of_tiny_lines_with_carriage_returns_holds_little_memory(line: str) -> None:
+    """One read (1 MiB) of the shortest lines a combined stream can hold: framed without a tuple per line (the
+    tqdm.write path's findall), below 30 bytes held per character read."""
+    import tracemalloc
+
+    stream = ConsoleStream(RunState("r", KeyMap()), IngestStats(), LineParserChain())
+    text = (line + "\n") * ((1 << 20) // (len(line) + 1))
+    tracemalloc.start()
+    try:
+        stream.feed(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 30 * len(text), f"{peak / len(text):.0f} bytes a character"

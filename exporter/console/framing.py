@@ -42,6 +42,7 @@ _LINES = re.compile(
     rf"(?:(\r{_DRAWN}(?P<total>\d{{1,15}}+){_RATE}((?:\r{_DRAWN}(?P=total){_RATE})*+)\r {{8,}}+\r(\{{[^\n]*+))"
     r"|([^\n]*+))\n")
 _WHOLE, _OTHER = itemgetter(0), itemgetter(6)
+_MIN_MEAN_LINE = 64  # characters a line on average, for _LINES
 # Starts of a line that a trainer prints in one piece; only these are held open when cut.
 # (Possessive: `\d+[^)]*` without a `)` after it backtracked over every split of the digits.)
 _LINE_START = re.compile(r"^(?:\{['\"]|(?:\([\w.-]++ pid=\d++[^)]*+\)\s++)?step:\d++ - )")
@@ -113,7 +114,10 @@ class ConsoleFramer:
         """`text`: whole \n-terminated lines. Cut by one C call (findall, or split where no tqdm.write's line can
         be), then framed by _frame: one Python call per segment was the framer's whole cost in a combined stream
         (three to four per record)."""
-        if self._redrawn is not None and fastpath.ENABLED and "\r" in text:
+        # findall makes a 7-tuple a line: only where lines are long enough for that to cost little next to them
+        # (tqdm.write's are hundreds of characters; a hostile text of `\r\n`s must not cost a tuple each).
+        if self._redrawn is not None and fastpath.ENABLED and "\r" in text \
+                and text.count("\n") * _MIN_MEAN_LINE <= len(text):
             parts = _LINES.findall(text)
             if not may_be_overlong or max(max(map(len, map(_WHOLE, parts))),
                                           max(map(len, map(_OTHER, parts)))) <= self.max_line_length:
