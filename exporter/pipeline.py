@@ -188,9 +188,12 @@ class ConsoleStream:
         total = totals[start]
         if not self.clock.takes_redraws(total):
             return start
-        end = start
-        while end < stop and totals[end] == total and len(texts[end]) <= _WIDE_LINE:
-            end += 1
+        if start == 0 and stop == len(texts) and totals.count(total) == stop and max(map(len, texts)) <= _WIDE_LINE:
+            end = stop  # the common case, checked in C
+        else:
+            end = start
+            while end < stop and totals[end] == total and len(texts[end]) <= _WIDE_LINE:
+                end += 1
         recs = self.parsers.dict_records(texts[start:end])
         if not recs:
             return start
