@@ -52,7 +52,7 @@ class ParseSink(DropSink):
                 self.parsers.parse(t)
 
     def redrawn_run(self, columns: list[tuple[str, ...]], start: int, stop: int) -> int:
-        return start + len(self.parsers.dict_records(columns[4][start:stop]))  # the rest: line() by line()
+        return start + len(self.parsers.dict_records(columns[4], start, stop))  # the rest: line() by line()
 
 
 class DropRun:

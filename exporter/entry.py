@@ -33,7 +33,11 @@ def one_malloc_arena() -> None:
     memory freed in one arena serves no other: in `serve`, a scrape's thread judging a catch-up's waiting batches
     while the reader parsed took peak RSS from 69 to 107 MiB (bench/README.md). One arena: the GIL serialises
     nearly every allocation anyway. Other C libraries (musl) keep one heap and are left alone."""
-    if not hasattr(os, "confstr") or not os.confstr("CS_GNU_LIBC_VERSION"):
+    try:
+        glibc = os.confstr("CS_GNU_LIBC_VERSION")
+    except (AttributeError, ValueError, OSError):  # no confstr (Windows), an unknown name (macOS), EINVAL (musl)
+        return
+    if not glibc:
         return
     import ctypes
 

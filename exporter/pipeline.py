@@ -181,23 +181,21 @@ class ConsoleStream:
         run.ingest_many(stepped)
 
     def redrawn_run(self, columns: list[tuple[str, ...]], start: int, stop: int) -> int:
-        """tqdm.write's lines (console/framing.py, _LINES), lines `start` to `stop`: bar(), clear() and line() for
-        each, without a call each, for the leading lines whose metric line is a record and whose bar has one total;
-        the index of the first line left (to the framer's one-by-one path)."""
+        """tqdm.write's lines (console/framing.py, _LINES), lines `start` to `stop` of one bar total: bar(), clear()
+        and line() for each, without a call each, for the leading lines whose metric line is a record (and no wider
+        than a line that needs narrowing); the index of the first line left (to the framer's one-by-one path)."""
         counts, totals, further, lasts, texts = columns
         total = totals[start]
         if not self.clock.takes_redraws(total):
             return start
-        if start == 0 and stop == len(texts) and totals.count(total) == stop and max(map(len, texts)) <= _WIDE_LINE:
-            end = stop  # the common case, checked in C
-        else:
-            end = start
-            while end < stop and totals[end] == total and len(texts[end]) <= _WIDE_LINE:
-                end += 1
-        recs = self.parsers.dict_records(texts[start:end])
+        recs = self.parsers.dict_records(texts, start, stop)
+        end = start + len(recs)
+        if recs and max(map(len, texts[start:end])) > _WIDE_LINE:
+            wide = next(i for i in range(start, end) if len(texts[i]) > _WIDE_LINE)
+            del recs[wide - start :]
+            end = wide
         if not recs:
             return start
-        end = start + len(recs)
         released = self.clock.redrawn(total, list(map(int, counts[start:end])),
                                       int(lasts[end - 1] or counts[end - 1]), recs)
         self.stats.bar_draws += len(recs) + "".join(further[start:end]).count("\r")

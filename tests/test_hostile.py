@@ -410,3 +410,32 @@ def test_a_read_of_tiny_lines_with_carriage_returns_holds_little_memory(line: st
     finally:
         tracemalloc.stop()
     assert peak < 30 * len(text), f"{peak / len(text):.0f} bytes a character"
+
+
+def _draw_line(n: int, metric: str) -> str:
+    return f"\r  0%|          | {n}/5700 [00:07<00:28, 8.67it/s]\r                    \r{metric}\n"
+
+
+_QUOTED_RECORD = "{'loss': '0.1', 'grad_norm': '0.5', 'learning_rate': '1e-05', 'epoch': '0.01'}"
+# tqdm.write's lines that the console stream takes at once, every other one left to the line-by-line path: a JSON
+# record (which takes the queued redraw), a record of a learned shape's keys with a text value.
+_ALTERNATIONS = {"json": '{"loss": 1.5, "epoch": 1}', "text value": _QUOTED_RECORD.replace("'0.1'", "'abc'")}
+
+
+@pytest.mark.parametrize("other", sorted(_ALTERNATIONS))
+def test_tqdm_write_lines_taken_and_left_in_turn_cost_linear_time(other: str) -> None:
+    """Each call of the stream's run path works in proportion to what it takes: a read whose lines alternate between
+    one it takes and one it leaves costs linear time (the scan to the run's end and its copy made it quadratic)."""
+    def seconds(lines: int) -> float:
+        text = "".join(_draw_line(i + 1, _QUOTED_RECORD if i % 2 else _ALTERNATIONS[other]) for i in range(lines))
+        best = math.inf
+        for _ in range(3):
+            stream = ConsoleStream(RunState("r", KeyMap()), IngestStats(), LineParserChain())
+            stream.feed(text[:2000])  # the shape learned and the clock's bar known before the timed read
+            t = time.perf_counter()
+            stream.feed(text[2000:])
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    small, large = seconds(2000), seconds(8000)
+    assert large < 8 * small, f"4x the lines took {large / small:.1f}x the time"

@@ -67,8 +67,8 @@ class ConsoleSink(Protocol):
     # Optional: `line_run(texts)`, the same as `line(text)` for each in turn (a run of plain lines at once).
     # Optional: `redrawn_run(columns, start, stop) -> int`, tqdm.write's lines (_LINES) at once: `columns` holds
     # their groups (first count, total, further draws, last count, metric line), column by column; of lines `start`
-    # to `stop`, the sink takes what it can from the first as bar(), clear() and line() would, and returns the index
-    # of the first line it left (`start`: none taken).
+    # to `stop` (one total), the sink takes what it can from the first as bar(), clear() and line() would, and
+    # returns the index of the first line it left (`start`: none taken), in time proportional to what it took.
 
 
 class ConsoleFramer:
@@ -111,9 +111,9 @@ class ConsoleFramer:
             self._segments(segments, False)
 
     def _lines(self, text: str, may_be_overlong: bool) -> None:
-        """`text`: whole \n-terminated lines. Cut by one C call (findall, or split where no tqdm.write's line can
-        be), then framed by _frame: one Python call per segment was the framer's whole cost in a combined stream
-        (three to four per record)."""
+        """`text`: whole \n-terminated lines. Cut by one C call (findall; split where no tqdm.write's line can be,
+        or where lines are too short for a tuple each), then framed by _frame: one Python call per segment was the
+        framer's whole cost in a combined stream (three to four per record)."""
         # findall makes a 7-tuple a line: only where lines are long enough for that to cost little next to them
         # (tqdm.write's are hundreds of characters; a hostile text of `\r\n`s must not cost a tuple each).
         if self._redrawn is not None and fastpath.ENABLED and "\r" in text \
@@ -179,15 +179,23 @@ class ConsoleFramer:
             self._segment(line, True)
 
     def _redrawn_run(self, drawn: list[tuple[str, ...]], lines: list[str]) -> None:
-        """A run of tqdm.write's lines: the sink takes what it can from the start, the first line it leaves (its
-        clock, or a metric line that is no record) is framed on its own, and the rest offered again."""
+        """A run of tqdm.write's lines, offered to the sink a stretch of one bar total at a time: the sink takes what
+        it can from the start, the first line it leaves (its clock, or a metric line that is no record) is framed on
+        its own, and the rest offered again. The sink's work is in what it takes, so a run costs linear time."""
         columns = list(zip(*drawn, strict=True))
-        start, end = 0, len(lines)
-        while start < end:
-            start = self._redrawn(columns, start, end)
-            if start < end:
-                self._line(lines[start])  # as _segments frames it, it opens no line: the next ones are offered
-                start += 1
+        totals, end = columns[1], len(lines)
+        if totals.count(totals[0]) == end:
+            stops = [end]
+        else:  # where the total changes
+            stops = [i for i in range(1, end) if totals[i] != totals[i - 1]]
+            stops.append(end)
+        start = 0
+        for stop in stops:
+            while start < stop:
+                start = self._redrawn(columns, start, stop)
+                if start < stop:
+                    self._line(lines[start])  # as _segments frames it, it opens no line: the next ones are offered
+                    start += 1
 
     def _extends_held(self, text: str) -> bool:
         """`text` ends no line: no \\n, no \\r but perhaps a last one (half of a \\r\\n?), and the held

@@ -35,7 +35,8 @@ REPLAY_POINTS = 4 * (TREND + SIGNAL)  # history judged again after a resume: a s
 # Rows of records judged at once: judging costs ~2.7 ms a call whatever its length, so the inputs of four record
 # batches wait (as arrays) and are judged together; any read judges what waits first. 8,192 saved little more.
 # (The 1 GB catch-up peaked at 105 MiB with 4,096 rows while its process gave each thread a malloc arena, 69 MiB in
-# one arena: entry.py; bench/README.md.)
+# one arena: entry.py; bench/README.md. The TRL callback judges in its trainer's process, whose allocator it
+# leaves alone: there, a few MiB of temporaries beside a model are nothing.)
 JUDGE_ROWS = 4096
 _LOW, _HIGH, _REGION = ("clip_ratio", "low"), ("clip_ratio", "high"), ("clip_ratio", "region")
 

@@ -77,18 +77,20 @@ class LineParserChain:
             return parse_openrlhf_run(texts)
         return None
 
-    def dict_records(self, texts: Sequence[str]) -> list[Record]:
-        """parse(text) for the leading `texts` that are HF dict lines (`{'...}`, whole) read to a record; stops at
-        the first that is not one (it is left to parse())."""
+    def dict_records(self, texts: Sequence[str], start: int, stop: int) -> list[Record]:
+        """parse(text) for the leading texts[start:stop] that are HF dict lines (`{'...}`, whole) read to a record;
+        stops at the first that is not one (it is left to parse())."""
         if not self._dict_lines or (self._blocks is not None and self._blocks.active):
             return []
         out: list[Record] = []
-        n = len(texts)
-        while len(out) < n:
-            out += read_hf_dicts(texts, len(out))  # the lines of learned shapes, at once
-            if len(out) == n:
+        i = start
+        while i < stop:
+            got = read_hf_dicts(texts, i, stop)  # the lines of learned shapes, at once
+            out += got
+            i += len(got)
+            if i == stop:
                 break
-            text = texts[len(out)]
+            text = texts[i]
             if not text.startswith("{'"):
                 break
             try:
@@ -98,6 +100,7 @@ class LineParserChain:
             if rec is None:
                 break
             out.append(rec)
+            i += 1
         return out
 
     @staticmethod

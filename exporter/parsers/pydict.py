@@ -73,9 +73,9 @@ def parse_hf_dict(line: str) -> Record | None:
     return rec if rec.numbers or "none" in rec.skipped else None  # only text values: a data sample
 
 
-def read_hf_dicts(texts: Sequence[str], start: int) -> list[Record]:
-    """parse_hf_dict(text) of texts[start:] up to the first that a learned quoted shape does not read whole."""
-    return _QUOTED.read_lines(texts, start) if fastpath.ENABLED else []
+def read_hf_dicts(texts: Sequence[str], start: int, stop: int) -> list[Record]:
+    """parse_hf_dict(text) of texts[start:stop] up to the first that a learned quoted shape does not read whole."""
+    return _QUOTED.read_lines(texts, start, stop) if fastpath.ENABLED else []
 
 
 def parse_hf_line(line: str) -> Record | None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from itertools import islice
 from typing import NamedTuple
 
 from exporter.parsers import fastpath
@@ -53,8 +52,8 @@ class QuotedShapes:
             keys = self._remember(keys)
         return _record(keys, values)
 
-    def read_lines(self, texts: Sequence[str], start: int) -> list[Record]:
-        """The records of texts[start:] up to the first that no learned shape reads whole (as parse_hf_dict reads a
+    def read_lines(self, texts: Sequence[str], start: int, stop: int) -> list[Record]:
+        """The records of texts[start:stop] up to the first that no learned shape reads whole (as parse_hf_dict reads a
         metric line `{...}` with no space around it, its body by parse(): a shape's keys leave no other reading).
         One call for the run, not six a line. The shape of the line before the last is tried first: GRPO's
         trainer alternates two shapes, and a shape that does not match cost as much as one that does."""
@@ -64,7 +63,8 @@ class QuotedShapes:
             return out
         floats, of_kind, append = _FLOATS.__getitem__, Record.of_kind, out.append
         last = before = shapes[0]
-        for text in islice(texts, start, None):
+        for i in range(start, stop):
+            text = texts[i]
             shape = before
             m = shape[0](text)
             if m is None:
