@@ -26,8 +26,8 @@ from exporter.config import parse_listen_address as _parse_listen
 from exporter.exposition.collector import ExporterCollector
 from exporter.gpu import GpuCollector, GpuSampler
 from exporter.parsers.chain import known_formats
-from exporter.report.command import FAIL_ON
-from exporter.report.command import FORMATS as REPORT_FORMATS
+from exporter.report import FAIL_ON
+from exporter.report import FORMATS as REPORT_FORMATS
 from exporter.runbooks import RUNBOOK_BASE
 from exporter.sources.detect import is_log_folder
 

@@ -8,15 +8,15 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from exporter.alerting.rules import RUNBOOK_BASE
 from exporter.app import Exporter
 from exporter.config import Config, LogSpec
+from exporter.report import FAIL_ON as FAIL_ON
+from exporter.report import FORMATS as FORMATS
 from exporter.report.html import to_html
 from exporter.report.text import to_json, to_text
 from exporter.report.verdict import RunVerdict, judge
+from exporter.runbooks import RUNBOOK_BASE
 
-FORMATS = ("text", "json", "html")
-FAIL_ON = ("critical", "warning")
 EXIT_FAILED = 1
 REPORT_HISTORY = 1_000_000  # points kept per series: a report sees the whole run, not the sidecar's window
 
