@@ -44,6 +44,11 @@ def _fresh_caches() -> None:
     jsonl._FAST = fastpath.JsonFast()
 
 
+def described(r: Record) -> str:
+    """What a record that reaches a run is: format, kind, step, skipped values, keys and each number's bits."""
+    return f"{r.fmt} {r.kind} {r.step} {r.skipped} {r.shape} {[x.hex() for x in r.numbers]}"
+
+
 def dump(path: Path, fast: bool, *args: str) -> str:
     """`posttrain-exporter dump` in this process, the fast paths on or off; the clock's lines left out."""
     saved, apply = fastpath.ENABLED, RunState._apply
@@ -53,8 +58,7 @@ def dump(path: Path, fast: bool, *args: str) -> str:
     records: list[str] = []
 
     def applied(run: RunState) -> None:  # every record that reaches a run's history or pass-through, in order
-        records.extend(f"{run.name} {r.fmt} {r.kind} {r.step} {r.skipped} {r.shape} {[x.hex() for x in r.numbers]}"
-                       for r in run._pending)
+        records.extend(f"{run.name} {described(r)}" for r in run._pending)
         apply(run)
 
     RunState._apply = applied  # type: ignore[method-assign]
@@ -516,7 +520,7 @@ def _records_fed(text: str, fast: bool, chunks: list[int]) -> tuple[list[str], d
         real_apply = run._apply
 
         def applied() -> None:
-            got.extend(f"{r.step} {r.kind} {r.shape} {[x.hex() for x in r.numbers]}" for r in run._pending)
+            got.extend(map(described, run._pending))
             real_apply()
 
         run._apply = applied  # type: ignore[method-assign]

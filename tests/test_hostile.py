@@ -337,7 +337,7 @@ def test_per_shape_caches_stay_small_when_every_line_brings_new_keys() -> None:
     shapes = QuotedShapes()
     for i in range(3000):
         stream.feed(f"{{'a{i}': '1', 'b{i}': '2'}}\n")
-        shapes.parse(f"'a{i}': '1', 'b{i}': '2'")
+        shapes.parse(f"{{'a{i}': '1', 'b{i}': '2'}}")
     stream.finish()
     run.refresh()
     assert len(run._plans) <= 64 and len(record._KINDS) <= 64 and not shapes._shapes

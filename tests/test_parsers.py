@@ -141,17 +141,17 @@ def test_quoted_shapes_reuse_a_pattern_and_fall_back_on_anything_else() -> None:
     from exporter.parsers.quoted import QuotedShapes
 
     shapes = QuotedShapes()
-    first = shapes.parse("'loss': '0.5', 'kl': '0.1'")
-    second = shapes.parse("'loss': '0.25', 'kl': 'nan'")
+    first = shapes.parse("{'loss': '0.5', 'kl': '0.1'}")
+    second = shapes.parse("{'loss': '0.25', 'kl': 'nan'}")
     assert first.values == {"loss": 0.5, "kl": 0.1} and second.shape is first.shape
     assert second.values["loss"] == 0.25 and math.isnan(second.values["kl"])
-    assert shapes.parse("'loss': 'None', 'kl': '0.1'") is None  # not a number: the general path counts it
-    assert shapes.parse("'loss': 'it's', 'kl': '0.1'") is None  # a quote inside a value
-    longer = shapes.parse("'loss': '0.5', 'kl': '0.1', 'entropy': '1.5'")  # a new shape, not a prefix match
+    assert shapes.parse("{'loss': 'None', 'kl': '0.1'}") is None  # not a number: the general path counts it
+    assert shapes.parse("{'loss': 'it's', 'kl': '0.1'}") is None  # a quote inside a value
+    longer = shapes.parse("{'loss': '0.5', 'kl': '0.1', 'entropy': '1.5'}")  # a new shape, not a prefix match
     assert longer.values == {"loss": 0.5, "kl": 0.1, "entropy": 1.5}
     for i in range(40):  # more shapes than the cache keeps: each still reads right
-        assert shapes.parse(f"'k{i}': '{i}', 'loss': '1'").values == {f"k{i}": float(i), "loss": 1.0}
-    assert shapes.parse("'loss': '0.75', 'kl': '0.2'").values == {"loss": 0.75, "kl": 0.2}
+        assert shapes.parse(f"{{'k{i}': '{i}', 'loss': '1'}}").values == {f"k{i}": float(i), "loss": 1.0}
+    assert shapes.parse("{'loss': '0.75', 'kl': '0.2'}").values == {"loss": 0.75, "kl": 0.2}
 
 
 def fixture_dict_lines() -> list[str]:

@@ -64,7 +64,7 @@ def parse_hf_dict(line: str) -> Record | None:
             raise ParseError("truncated", s[-40:], "hf_dict")
     body = s[1:-1]
     if '"' not in body and fastpath.ENABLED:
-        rec = _QUOTED.parse(body)
+        rec = _QUOTED.parse(s)
         if rec is not None:
             return rec
     if _has_container_value(body):

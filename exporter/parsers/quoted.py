@@ -1,5 +1,5 @@
 """The fast path for transformers 5's console lines, where every value is a quoted string:
-`'loss': '6.176', 'grad_norm': '4.169', ...` (the body of the dict, without its braces).
+`{'loss': '6.176', 'grad_norm': '4.169', ...}`.
 
 A trainer prints a few record shapes (the same keys in the same order) over and over. A line of a
 new shape is cut with one str.split and checked; when the shape comes a second time it gets a
@@ -25,9 +25,8 @@ _MAX_PATTERN_CHARS = 8192  # longer lines are read by str.split each time (a GRP
 
 
 class _Shape(NamedTuple):
-    body: re.Pattern[str]  # the dict's inside
+    pattern: re.Pattern[str]  # the dict, braces included
     keys: tuple[str, ...]
-    line: re.Pattern[str]  # the dict, braces included: a whole metric line
     kind: RecordKind
 
 
@@ -36,29 +35,30 @@ class QuotedShapes:
         self._shapes: list[_Shape] = []
         self._seen_once: dict[tuple[str, ...], tuple[str, ...]] = {}  # keys -> the first line's keys tuple
 
-    def parse(self, body: str) -> Record | None:
+    def parse(self, text: str) -> Record | None:
+        """The record of a dict `{...}` (stripped, braces included) whose values are all quoted numbers."""
         shapes = self._shapes
         for i, shape in enumerate(shapes):
-            m = shape.body.fullmatch(body)
+            m = shape.pattern.fullmatch(text)
             if m is not None:
                 if i:  # most recent first: GRPO alternates between two shapes
                     shapes.insert(0, shapes.pop(i))
                 return _record(shape.keys, m.groups())
-        split = _split(body)
+        split = _split(text[1:-1])
         if split is None:
             return None
         keys, values = split
-        if len(body) <= _MAX_PATTERN_CHARS:
+        if len(text) - 2 <= _MAX_PATTERN_CHARS:
             keys = self._remember(keys)
         return _record(keys, values)
 
     def read_lines(self, texts: Sequence[str], start: int, stop: int) -> list[Record]:
         """The records of texts[start:stop] up to the first that no learned shape reads whole (as parse_hf_dict reads a
-        metric line `{...}` with no space around it, its body by parse(): a shape's keys leave no other reading).
+        metric line `{...}` with no space around it, by parse(): a shape's keys leave no other reading).
         One call for the run, not six a line. The shape of the line before the last is tried first: GRPO's
         trainer alternates two shapes, and a shape that does not match cost as much as one that does."""
         out: list[Record] = []
-        shapes = [(shape.line.fullmatch, shape.keys, shape.kind) for shape in self._shapes]
+        shapes = [(shape.pattern.fullmatch, shape.keys, shape.kind) for shape in self._shapes]
         if not shapes:
             return out
         floats, of_kind, append = _FLOATS.__getitem__, Record.of_kind, out.append
@@ -90,8 +90,7 @@ class QuotedShapes:
                 del self._seen_once[next(iter(self._seen_once))]  # the oldest
             self._seen_once[keys] = keys
             return keys
-        body = _pattern_of(first)
-        self._shapes.insert(0, _Shape(body, first, re.compile(r"\{" + body.pattern + r"\}"), classify(first)))
+        self._shapes.insert(0, _Shape(_pattern_of(first), first, classify(first)))
         del self._shapes[_MAX_SHAPES:]
         return first
 
@@ -137,4 +136,4 @@ def _split(body: str) -> tuple[tuple[str, ...], list[str]] | None:
 
 
 def _pattern_of(keys: tuple[str, ...]) -> re.Pattern[str]:
-    return re.compile(", ".join(re.escape(f"'{k}': '") + "([^']*)'" for k in keys))
+    return re.compile(r"\{" + ", ".join(re.escape(f"'{k}': '") + "([^']*)'" for k in keys) + r"\}")
