@@ -32,10 +32,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from exporter.instruments.keymap import KeyMap
-from exporter.instruments.run import RunState
 from exporter.parsers.chain import BUILTIN_FORMATS, LineParserChain
 from exporter.parsers.record import ParseError
 from exporter.pipeline import ConsoleStream, IngestStats
+from exporter.runstate import RunState
 from exporter.sources.trainer_state import TrainerStateReader
 
 REPO = Path(__file__).resolve().parents[1]

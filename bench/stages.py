@@ -22,9 +22,9 @@ from pathlib import Path
 from exporter.console.framing import ConsoleFramer
 from exporter.entry import tune_gc
 from exporter.instruments.keymap import KeyMap
-from exporter.instruments.run import RunState
 from exporter.parsers.chain import LineParserChain
 from exporter.pipeline import ConsoleStream, IngestStats
+from exporter.runstate import RunState
 
 
 class DropSink:

@@ -13,10 +13,10 @@ from typing import Any
 from exporter.detectors.catalog import BY_NAME as DETECTORS
 from exporter.gpu.sampler import SamplerConfig
 from exporter.instruments.keymap import INSTRUMENTS
-from exporter.instruments.run import RunLimits
 from exporter.instruments.settings import THRESHOLD_NAMES, DerivedSettings, DetectorSettings, Thresholds, WindowSpec
 from exporter.parsers.chain import known_formats
 from exporter.parsers.userregex import RegexFormat
+from exporter.runstate import RunLimits
 
 DEFAULT_PORT = 9847
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"

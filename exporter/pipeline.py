@@ -8,10 +8,10 @@ from collections import Counter
 
 from exporter.console.framing import MAX_LINE_LENGTH, ConsoleFramer
 from exporter.console.steps import StepClock
-from exporter.instruments.run import RunState
 from exporter.parsers import fastpath
 from exporter.parsers.chain import LineParserChain
 from exporter.parsers.record import ParseError, Record
+from exporter.runstate import RunState
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from exporter import __version__
 from exporter.config import ConfigError, EarlyStopSettings
-from exporter.instruments.run import RunState
 from exporter.report.live import ActiveFinding, active_findings, stopping
+from exporter.runstate import RunState
 
 log = logging.getLogger(__name__)
 

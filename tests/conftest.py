@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from exporter.instruments.keymap import KeyMap
-from exporter.instruments.run import RunLimits, RunState
 from exporter.instruments.settings import DerivedSettings
 from exporter.parsers.record import Record
+from exporter.runstate import RunLimits, RunState
 
 REPO = Path(__file__).resolve().parent.parent
 from support.loopback import free_port as free_port  # noqa: E402  (re-exported for the tests)

@@ -13,13 +13,13 @@ import pytest
 from conftest import ingested, trainer_state_values
 
 import exporter.detectors.engine as engine_module
-import exporter.instruments.run as run_module
+import exporter.runstate as run_module
 from exporter.instruments.columns import Column
 from exporter.instruments.keymap import KeyMap
-from exporter.instruments.run import RunLimits, RunState
 from exporter.instruments.series import Series
 from exporter.parsers.chain import LineParserChain
 from exporter.parsers.record import Record
+from exporter.runstate import RunLimits, RunState
 
 
 def synthetic_records() -> list[tuple[dict[str, float], int]]:

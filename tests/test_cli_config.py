@@ -9,8 +9,8 @@ from conftest import TRL, free_port, run_cli
 
 from exporter.config import ConfigError, parse_config
 from exporter.instruments.keymap import KeyMap
-from exporter.instruments.run import RunLimits, RunState
 from exporter.parsers.record import Record
+from exporter.runstate import RunLimits, RunState
 
 
 def one_line_error(res) -> str:
@@ -99,7 +99,7 @@ def test_config_validation(raw: dict, field: str) -> None:
 def test_each_subsystem_owns_its_defaults() -> None:
     """The config holds the subsystems' own settings objects: no default is written twice."""
     from exporter.gpu.sampler import SamplerConfig
-    from exporter.instruments.run import RunLimits
+    from exporter.runstate import RunLimits
 
     cfg = parse_config({})
     assert cfg.limits == RunLimits() and cfg.gpu.sampler == SamplerConfig()

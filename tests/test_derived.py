@@ -11,9 +11,9 @@ from conftest import ingested, trainer_state, trainer_state_values
 
 from exporter.config import parse_config
 from exporter.instruments.keymap import KeyMap
-from exporter.instruments.run import RunState
 from exporter.instruments.settings import DerivedSettings, WindowSpec
 from exporter.parsers.record import Record
+from exporter.runstate import RunState
 
 W, MIN = 50, 10
 

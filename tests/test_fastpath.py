@@ -24,10 +24,10 @@ from conftest import FIXTURES
 from exporter import cli, pipeline
 from exporter.console.steps import StepClock
 from exporter.instruments.keymap import KeyMap
-from exporter.instruments.run import RunState
 from exporter.parsers import chain, fastpath, jsonl, pydict, values
 from exporter.parsers.quoted import QuotedShapes
 from exporter.parsers.record import Record
+from exporter.runstate import RunState
 
 # Lines whose value is a clock reading or a duration: they differ between any two runs.
 _CLOCK = re.compile(r"^(?:process_|python_gc_|posttrain_gpu_sampler_"

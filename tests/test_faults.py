@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from conftest import TRL
 
-from exporter.app import Exporter, FileInput
+from exporter.app import Exporter
 from exporter.config import Config, LogSpec
 from exporter.sources.files import FileFollower
+from exporter.sources.inputs import FileInput
 
 REAL = [ln for ln in (TRL / "grpo" / "stdout.log").read_text().splitlines() if ln.startswith("{'loss'")]
 

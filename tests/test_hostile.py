@@ -21,7 +21,6 @@ from exporter.config import Config, LogSpec
 from exporter.console.framing import ConsoleFramer
 from exporter.exposition.collector import ExporterCollector
 from exporter.instruments.keymap import KeyMap
-from exporter.instruments.run import RunLimits, RunState
 from exporter.parsers import katib, record
 from exporter.parsers.chain import LineParserChain
 from exporter.parsers.jsonl import MAX_JSON_DEPTH, parse_json_line
@@ -30,6 +29,7 @@ from exporter.parsers.record import ParseError, Record
 from exporter.parsers.userregex import RegexFormat
 from exporter.parsers.values import MAX_STEP
 from exporter.pipeline import ConsoleStream, IngestStats
+from exporter.runstate import RunLimits, RunState
 from exporter.sources.trainer_state import TrainerStateReader
 
 GOOD = [ln for ln in (TRL / "grpo" / "stdout.log").read_text().splitlines() if ln.startswith("{'loss'")]

@@ -27,12 +27,13 @@ from conftest import REPO, TRL, exporter_cmd, free_port, require_module
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.app import Exporter, StreamInput
+from exporter.app import Exporter
 from exporter.config import Config, ConfigError, LogSpec, default_run_name
 from exporter.exposition.collector import ExporterCollector
-from exporter.instruments.run import RunLimits
 from exporter.parsers.chain import LineParserChain
 from exporter.pipeline import ConsoleStream
+from exporter.runstate import RunLimits
+from exporter.sources.inputs import StreamInput
 from exporter.sources.kubernetes import (
     INSTALL_HINT,
     KubernetesLogReader,

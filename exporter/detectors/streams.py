@@ -1,6 +1,6 @@
 """An input's recent points carried across batches, the rolling statistics detectors read, and baselines.
 
-Records reach the detectors a batch at a time (instruments/run.py). A statistic "over the last m points
+Records reach the detectors a batch at a time (runstate.py). A statistic "over the last m points
 up to each point" must not depend on where the batches were cut, so each stream keeps the last points it
 needs from the batches before and every statistic is computed over the carried points followed by the new
 ones. Every finite value logged is a point, in record order (a step logged twice is judged twice)."""

@@ -15,8 +15,8 @@ from exporter.app import Exporter
 from exporter.instruments.derived import threshold_series
 from exporter.instruments.families import BY_NAME as FAMILIES
 from exporter.instruments.keymap import INSTRUMENTS
-from exporter.instruments.run import KEY_DROP_REASONS
 from exporter.pipeline import LINE_DROP_REASONS, STEP_DISAGREEMENT_REASONS
+from exporter.runstate import KEY_DROP_REASONS
 
 
 def _labelled_gauge(name: str, doc: str) -> Metric:

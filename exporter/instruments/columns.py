@@ -1,6 +1,6 @@
 """A batch of records turned into one column per canonical series.
 
-Records are buffered and applied in batches (instruments/run.py): moving values into the series
+Records are buffered and applied in batches (runstate.py): moving values into the series
 and running the per-record checks one key of one record at a time costs a Python loop iteration
 per key, which was most of the exporter's time on a large log. Here the records of each shape
 (the same keys in the same order, which a trainer repeats) become one 2-D numpy array, its

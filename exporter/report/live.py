@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.config import STOP_SEVERITIES, EarlyStopSettings
-from exporter.instruments.run import RunState
 from exporter.report.verdict import findings, summary_of
+from exporter.runstate import RunState
 
 _ORDER = {"critical": 0, "warning": 1}
 

@@ -13,9 +13,9 @@ import numpy as np
 from exporter.detectors.catalog import Detector, SeriesKey
 from exporter.instruments.derived import REGIME_OF
 from exporter.instruments.keymap import INSTRUMENTS
-from exporter.instruments.run import RunState
 from exporter.instruments.window import window_stats
 from exporter.runbooks import RUNBOOK_BASE
+from exporter.runstate import RunState
 
 TREND_POINTS = 50  # the window of the derived trends (windows.size)
 

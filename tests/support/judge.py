@@ -8,7 +8,7 @@ from pathlib import Path
 
 from exporter.app import Exporter
 from exporter.config import Config, LogSpec
-from exporter.instruments.run import RunState
+from exporter.runstate import RunState
 
 
 @dataclass(frozen=True)
