@@ -159,6 +159,8 @@ def setup_logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler()  # standard error: standard output may carry the trainer's output (run)
     handler.setFormatter(JsonLogFormatter() if fmt == "json" else LogfmtFormatter())
     logging.basicConfig(level="WARNING" if level == "warn" else level.upper(), handlers=[handler], force=True)
+    # the file watcher's own debug lines (every inotify event) say nothing about the exporter: its warnings only
+    logging.getLogger("watchdog").setLevel(logging.WARNING)
 
 
 def _log_options(p: argparse.ArgumentParser, *, top: bool) -> None:
@@ -539,8 +541,28 @@ def main(argv: list[str] | None = None) -> int:
         commands = {"serve": cmd_serve, "run": cmd_run, "dump": cmd_dump, "report": cmd_report, "demo": cmd_demo}
         return commands[args.command](args)
     except UsageError as e:
-        print(f"{PROG}: error: {e}{_env_note(args)}", file=sys.stderr)
-        return 2
+        return _fatal(f"error: {e}{_env_note(args)}", args, argv)
     except ConfigError as e:
-        print(f"{PROG}: config error: {e}{_env_note(args)}", file=sys.stderr)
-        return 2
+        return _fatal(f"config error: {e}{_env_note(args)}", args, argv)
+
+
+def _fatal(message: str, args: argparse.Namespace | None, argv: list[str] | None) -> int:
+    """The one line that stops the program at start (exit 2): a JSON log line where --log.format json was asked
+    for (a log pipeline parses every line of the container's stderr), else `posttrain-exporter: error: ...`."""
+    fmt = getattr(args, "log_format", None) or _log_format_asked(sys.argv[1:] if argv is None else argv)
+    if fmt == "json":
+        record = logging.LogRecord(PROG, logging.ERROR, __file__, 0, message, None, None)
+        print(JsonLogFormatter().format(record), file=sys.stderr)
+    else:
+        print(f"{PROG}: {message}", file=sys.stderr)
+    return 2
+
+
+def _log_format_asked(argv: list[str]) -> str | None:
+    """--log.format as given, read without the parser (which may be what failed), else its variable."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--log.format="):
+            return arg.partition("=")[2]
+        if arg == "--log.format" and i + 1 < len(argv):
+            return argv[i + 1]
+    return os.environ.get(env_name(None, "--log.format"))

@@ -14,6 +14,10 @@ if [ "${1:-}" = "--bench" ]; then
 fi
 command -v openssl >/dev/null || missing+=(openssl)  # tests/test_web.py makes its TLS certificates with it
 command -v chromium >/dev/null || missing+=(chromium)  # the report's HTML page, tested in a real browser
+# tests/test_image.py: the sidecar image built without a daemon or a registry (scripts/image/build.sh)
+command -v buildah >/dev/null || missing+=(buildah)
+command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+command -v shellcheck >/dev/null || missing+=(shellcheck)  # actionlint checks the workflows' shell steps with it
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: need Debian packages ${missing[*]}: run as root or 'sudo apt-get install ${missing[*]}'" >&2
@@ -28,9 +32,14 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-# The `trl-test` extra's torch first, pinned: pip takes the CPU wheel this machine keeps on disk (a plain `torch` would
-# download several GB of CUDA libraries); then the exporter with its test and trl extras.
-.venv/bin/python -m pip install -q torch==2.13.0
+# The `trl-test` extra's torch first, pinned, as the CPU build: PyPI's torch wheel for Linux pulls several GB of CUDA
+# libraries, PyTorch's CPU index has the same version without them (2.13.0+cpu, which pip prefers). A machine that
+# keeps that wheel on disk (pip's find-links) takes it from there and asks no other index.
+torch_index=(--extra-index-url "${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}")
+if .venv/bin/python -m pip download -q --no-deps --no-index -d "$(mktemp -d)" torch==2.13.0 >/dev/null 2>&1; then
+  torch_index=()
+fi
+.venv/bin/python -m pip install -q "${torch_index[@]}" torch==2.13.0
 .venv/bin/python -m pip install -q -e '.[test,trl-test]'
 # pip compiles the bytecode of a package it installs (the image does that), not of an editable
 # install; with PYTHONDONTWRITEBYTECODE set, every start would compile the package again.

@@ -88,6 +88,48 @@ def test_logfmt_by_default_json_on_request(tmp_path) -> None:
     assert records[1]["msg"].endswith("naming this one 'b/trainer_state' (set a run to choose)")
 
 
+@pytest.mark.parametrize("args", [
+    ["--log.format", "json", "dump", "--no-gpu", "/nonexistent/train.log"],  # a start-up error of the command
+    ["--log.format=json", "dump", "--no-such-flag"],                          # the parser's own error
+    ["dump", "--no-gpu", "--log.format", "json", "--config", "/nonexistent.yml", "x.log"],  # a config error
+])
+def test_fatal_errors_follow_log_format_json(args: list[str]) -> None:
+    res = run_cli(*args)
+    assert res.returncode == 2
+    lines = res.stderr.decode().splitlines()
+    assert len(lines) == 1, lines
+    record = json.loads(lines[0])  # a log pipeline parsing JSON lines reads the error too
+    assert record["level"] == "error" and record["logger"] == "posttrain-exporter" and "error" in record["msg"]
+
+
+def test_fatal_error_takes_json_from_the_environment() -> None:
+    res = run_env("dump", "--no-such-flag", env={**os.environ, "POSTTRAIN_LOG_FORMAT": "json"})
+    assert res.returncode == 2
+    assert json.loads(res.stderr.decode().splitlines()[0])["level"] == "error"
+    plain = run_cli("dump", "--no-such-flag")
+    assert plain.stderr.decode().startswith("posttrain-exporter: error: ")
+
+
+def test_debug_log_leaves_out_the_file_watchers_internals(tmp_path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("")
+    port = free_port()
+    proc = subprocess.Popen(exporter_cmd("--log.level", "debug", "serve", "--no-gpu", "--log", str(log),
+                                         "--web.listen-address", f"127.0.0.1:{port}"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        scrape_until(port, lambda body: "posttrain_exporter_build_info" in body, proc, timeout=30)
+        for i in range(20):  # file events: each wakes the watcher, none may print its internals
+            with log.open("a") as f:
+                f.write(f"{{'loss': {i}.5, 'epoch': 0.{i}}}\n")
+        scrape_until(port, lambda body: "posttrain_loss{" in body, proc, timeout=30)
+    finally:
+        proc.terminate()
+        err = proc.communicate(timeout=20)[1].decode()
+    assert "logger=posttrain-exporter" in err or "logger=exporter" in err, err[-2000:]
+    assert "logger=watchdog" not in err, [ln for ln in err.splitlines() if "watchdog" in ln][:3]
+
+
 def test_logfmt_quotes_what_would_break_a_line() -> None:
     record = logging.LogRecord("exporter.x", logging.WARNING, "/src/tail.py", 7, 'said "no"\nthen=%s', ("bye",),
                                None)
@@ -193,5 +235,5 @@ def test_build_info_has_version_and_python() -> None:
     res = run_cli("dump", "--no-gpu", str(TRL / "grpo" / "trainer_state.json"))
     info = [s for fam in text_string_to_metric_families(res.stdout.decode()) for s in fam.samples
             if s.name == "posttrain_exporter_build_info"]
-    assert [(s.labels, s.value) for s in info] == [({"version": __version__, "python": platform.python_version()},
-                                                    1.0)]
+    labels = {"version": __version__, "revision": "unknown", "python": platform.python_version()}
+    assert [(s.labels, s.value) for s in info] == [(labels, 1.0)]

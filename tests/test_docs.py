@@ -22,3 +22,22 @@ def test_every_family_of_a_real_dump_is_documented() -> None:
             name = fam.name + ("_total" if fam.type == "counter" else "")
             doc = GPU_DOC if name.startswith("posttrain_gpu_") else DOC
             assert f"`{name}" in doc, f"{name} is not in docs/metrics.md (or docs/gpu.md for GPU families)"
+
+
+def test_readme_prometheus_config_is_valid(tmp_path) -> None:
+    """The README's prometheus.yml for a setup without Kubernetes passes promtool, with the real rules loaded."""
+    import re
+    import shutil
+    import subprocess
+
+    from conftest import REPO, require_binary
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = next(b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "scrape_configs:" in b)
+    rules = tmp_path / "rules"
+    shutil.copytree(REPO / "rules", rules)
+    (tmp_path / "prometheus.yml").write_text(block.replace("/etc/prometheus/posttrain/", f"{rules}/"))
+    r = subprocess.run([require_binary("promtool"), "check", "config", str(tmp_path / "prometheus.yml")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS: 2 rule files found" in r.stdout, r.stdout

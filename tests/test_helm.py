@@ -928,3 +928,16 @@ def test_kubernetes_docs_link_what_exists():
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
             if not target.startswith(("http://", "https://")):
                 assert (path.parent / target).exists(), f"{path.relative_to(REPO)} links {target}, which is missing"
+
+
+def test_notes_warn_when_the_podmonitor_has_no_release_label(chart) -> None:
+    """kube-prometheus-stack selects PodMonitors by their `release` label: the install notes say so when it is
+    missing, and stay quiet once it is set."""
+    def notes(values: dict) -> str:
+        out = chart.render(values=values, name=RELEASE, namespace=NAMESPACE)
+        return next(text for path, text in out.items() if path.endswith("NOTES.txt"))
+
+    assert "no `release` label" in notes({})
+    assert "podMonitor.labels.release" in notes({})
+    assert "no `release` label" not in notes({"podMonitor": {"labels": {"release": "kube-prometheus-stack"}}})
+    assert "PodMonitor:" not in notes({"podMonitor": {"enabled": False}})

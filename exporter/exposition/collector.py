@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.app import Exporter
+from exporter.buildinfo import REVISION
 from exporter.instruments.derived import threshold_series
 from exporter.instruments.families import BY_NAME as FAMILIES
 from exporter.instruments.keymap import INSTRUMENTS
@@ -235,9 +236,9 @@ class ExporterCollector(Collector):
             resumed.add_metric(lv, inp.follow.resumed)
             read_errors.add_metric(lv, inp.follow.read_errors)
             read_bytes.add_metric(lv, inp.follow.bytes_read)
-        info = GaugeMetricFamily(p + "build_info", "Version of the exporter, value 1.",
-                                 labels=["version", "python"])  # as Prometheus' {version, goversion}
-        info.add_metric([__version__, platform.python_version()], 1.0)
+        info = GaugeMetricFamily(p + "build_info", "Version of the exporter and the commit it was built from, value 1.",
+                                 labels=["version", "revision", "python"])  # as Prometheus: {version, revision, ...}
+        info.add_metric([__version__, REVISION or "unknown", platform.python_version()], 1.0)
         yield from (lines, errors, records, last, dropped, lines_dropped, skipped, disagreements, resets, stops)
         yield from (up, rotations, truncations, resumed, read_errors, read_bytes, info)
 

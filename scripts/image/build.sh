@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Builds the sidecar image without a daemon or a registry: the base with mmdebstrap (scripts/image/base.sh), the
+# wheels it installs (the exporter's and every pinned dependency, for the image's architecture) into image/wheels/,
+# then the image from Containerfile with buildah, chroot isolation. Prints the image's name.
+#
+# usage: scripts/image/build.sh [NAME]      (default localhost/posttrain-exporter:VERSION)
+# env:   ARCH      the image's Debian architecture (default: this machine's; arm64 on amd64 needs qemu-user-static)
+#        BASE_TAR  reuse a base made before (default: build/base-ARCH.tar, made when missing)
+#        STORAGE_DRIVER  buildah's storage (default vfs: works in any container or VM, no overlay needed)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export STORAGE_DRIVER=${STORAGE_DRIVER:-vfs}
+version=$(sed -n 's/^VERSION = "\(.*\)"$/\1/p' exporter/buildinfo.py)
+revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+name=${1:-localhost/posttrain-exporter:$version}
+arch=${ARCH:-$(dpkg --print-architecture)}
+base_tar=${BASE_TAR:-build/base-$arch.tar}
+base=localhost/posttrain-exporter-base:bookworm-$arch
+
+if [ ! -s "$base_tar" ]; then
+  mkdir -p "$(dirname "$base_tar")"
+  scripts/image/base.sh "$base_tar.part" "$arch" >&2
+  mv "$base_tar.part" "$base_tar"
+fi
+ctr=$(buildah from --arch "$arch" scratch)
+trap 'buildah rm "$ctr" >/dev/null 2>&1 || true' EXIT
+buildah add --quiet "$ctr" "$base_tar" / >/dev/null
+buildah commit --quiet --rm "$ctr" "$base" >/dev/null
+trap - EXIT
+
+# The wheels: the exporter's, built here (pure Python), and every pinned dependency for the image's architecture
+# and Python (bookworm's 3.11, glibc 2.36). The image installs from these alone.
+wheels=image/wheels
+rm -rf "$wheels" && mkdir -p "$wheels"
+python3 -m pip wheel --quiet --no-deps --wheel-dir "$wheels" . >&2
+case $arch in amd64) plat=x86_64 ;; arm64) plat=aarch64 ;; *) plat=$arch ;; esac
+grep -v -e '^setuptools==' -e '^#' image/constraints.txt > "$wheels/requirements.txt"  # no build backend: wheels only
+platforms=()
+for p in manylinux2014 manylinux_2_17 manylinux_2_28 manylinux_2_34; do platforms+=(--platform "${p}_$plat"); done
+python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$wheels" --python-version 3.11 \
+  --implementation cp --abi cp311 --abi abi3 --abi none "${platforms[@]}" --platform any \
+  -r "$wheels/requirements.txt" >&2
+
+buildah bud --isolation chroot --quiet --layers=false --arch "$arch" -f Containerfile \
+  --build-arg BASE="$base" --build-arg VERSION="$version" --build-arg REVISION="$revision" \
+  -t "$name" . >&2
+echo "$name"

@@ -1,0 +1,129 @@
+"""The sidecar image, built as CI and a release build it (scripts/image/build.sh: a base from Debian's packages by
+mmdebstrap, pinned wheels, buildah with chroot isolation) and run as the chart runs it: as its configured non-root
+user, on a read-only root file system, serving `demo` on loopback, scraped.
+
+No container runtime works on these machines, so the test runs the image's root file system the way a runtime
+would for this image: the image's own entrypoint, user, environment and working directory (read from its config),
+in a private mount namespace where the root is mounted read-only."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+from conftest import REPO, require_binary
+from support.loopback import free_port, scrape_until
+
+from exporter import __version__
+
+pytestmark = pytest.mark.slow
+IMAGE = f"localhost/posttrain-exporter-test:{__version__}"
+ENV = {**os.environ, "STORAGE_DRIVER": "vfs"}
+
+
+def _buildah(*args: str, timeout: float = 120) -> str:
+    r = subprocess.run(["buildah", *args], capture_output=True, text=True, timeout=timeout, env=ENV)
+    assert r.returncode == 0, f"buildah {' '.join(args)}: {r.stderr[-2000:]}"
+    return r.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def image() -> Iterator[dict]:
+    for tool in ("buildah", "mmdebstrap", "unshare", "chroot"):
+        require_binary(tool)
+    if os.geteuid() != 0:
+        pytest.skip("running the image's root file system needs root (CI runs as root)")
+    r = subprocess.run([str(REPO / "scripts" / "image" / "build.sh"), IMAGE], capture_output=True, text=True,
+                       timeout=900, env=ENV, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert r.stdout.strip().splitlines()[-1] == IMAGE
+    config = json.loads(_buildah("inspect", "--type", "image", IMAGE))["OCIv1"]["config"]
+    ctr = _buildah("from", IMAGE)
+    try:
+        yield {"config": config, "root": _buildah("mount", ctr)}
+    finally:
+        _buildah("rm", ctr)
+        _buildah("rmi", "--force", IMAGE)
+
+
+def _as_the_image_runs(image: dict, args: list[str]) -> list[str]:
+    """A command line that runs `args` (after the entrypoint, as a container's command) in the image's root file
+    system mounted read-only, as the image's user, with the image's environment and nothing else."""
+    cfg, root = image["config"], image["root"]
+    user = cfg["User"]
+    assert re.fullmatch(r"\d+:\d+", user), f"the image must name a numeric user for runAsNonRoot: {user!r}"
+    mounts = (f"mount --bind {root} {root} && mount -o remount,bind,ro {root} && mount --rbind /dev {root}/dev "
+              f"&& mount -t proc proc {root}/proc && mount -t tmpfs tmpfs {root}/tmp")
+    inner = ["chroot", f"--userspec={user}", root, "env", "-i", *cfg["Env"], "sh", "-c",
+             f'cd {cfg.get("WorkingDir") or "/"} && exec "$@"', "sh", *cfg["Entrypoint"], *args]
+    # --kill-child: the exporter gets SIGTERM when unshare does (as a runtime stops a container), never outlives it
+    return ["unshare", "--mount", "--fork", "--kill-child=TERM", "sh", "-c", f'{mounts} && exec "$@"', "sh", *inner]
+
+
+def test_image_config_is_what_the_chart_expects(image: dict) -> None:
+    cfg = image["config"]
+    assert cfg["User"] == "10001:10001"  # the chart's runAsUser/runAsGroup
+    assert cfg["Entrypoint"] == ["posttrain-exporter"]
+    labels = cfg["Labels"]
+    assert labels["org.opencontainers.image.version"] == __version__
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    assert labels["org.opencontainers.image.revision"] == (head or "unknown")
+    assert "9847/tcp" in cfg["ExposedPorts"]
+
+
+def test_image_runs_as_non_root_on_a_read_only_root(image: dict) -> None:
+    probe = _as_the_image_runs(image, ["--version"])
+    r = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"posttrain-exporter {__version__}"
+    # the same mounts and user, a shell instead of the entrypoint: who we are and whether / can be written
+    shell = [a if a != "posttrain-exporter" else "sh" for a in _as_the_image_runs(image, [])]
+    r = subprocess.run([*shell, "-c", "id -u; touch /probe"], capture_output=True, text=True, timeout=60)
+    assert r.stdout.split() == [image["config"]["User"].split(":")[0]]
+    assert "Read-only file system" in r.stderr
+
+
+def test_image_serves_demo_and_is_scraped(image: dict, tmp_path) -> None:
+    port = free_port()
+    err = (tmp_path / "stderr").open("wb")
+    proc = subprocess.Popen(_as_the_image_runs(image, ["demo", "--web.listen-address", f"127.0.0.1:{port}"]),
+                            stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        body = scrape_until(port, lambda b: re.search(r"^posttrain_step\{[^}]*\} [1-9]", b, re.M) is not None,
+                            proc, timeout=60)
+        assert re.search(r"^posttrain_step\{[^}]*\} [1-9]", body, re.M), body[-2000:]
+        assert f'version="{__version__}"' in body
+        assert re.search(r"^posttrain_reward_std\{", body, re.M)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    err.close()
+    assert proc.returncode in (0, -15, 143), (tmp_path / "stderr").read_text()[-2000:]
+    # the exporter inside ended with unshare: nothing of the image is left running
+    pattern = f"posttrain-exporter demo --web.listen-address 127.0.0.1:{port}"
+    deadline = time.monotonic() + 15
+    while (left := subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout) and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == "", f"the image's exporter outlived its container: {left}"
+
+
+def test_every_dependency_is_pinned_for_the_image() -> None:
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pinned = {re.split(r"==", ln)[0].lower().replace("_", "-")
+              for ln in (REPO / "image" / "constraints.txt").read_text().splitlines()
+              if ln and not ln.startswith("#")}
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["kubernetes"]]
+    names = {re.match(r"[A-Za-z0-9_.-]+", d)[0].lower().replace("_", "-") for d in wanted}
+    assert names <= pinned, f"not pinned in image/constraints.txt: {sorted(names - pinned)}"
