@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import base64
 import http.client
+import json
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -20,6 +22,7 @@ import pytest
 import yaml
 from conftest import REPO, TRL, exporter_cmd, free_port, require_binary
 from prometheus_client import CollectorRegistry, Gauge
+from support import webflood
 from support.certs import PKI, make_pki
 
 from exporter.config import ConfigError
@@ -306,6 +309,111 @@ def test_tls_min_version(server, pki, tmp_path) -> None:
     assert get(f"https://127.0.0.1:{port_of(httpd)}/metrics", context=client_context(pki))[0] == 200
 
 
+def tls_config(pki: PKI, tmp_path: Path, **extra) -> object:
+    return parse_web_config({"tls_server_config": {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key)},
+                             **extra}, str(tmp_path))
+
+
+def test_stalled_tls_handshakes_hold_no_worker(server, pki, tmp_path) -> None:
+    """More connections than workers send the start of a ClientHello and go silent, more finish the handshake and
+    send nothing: their handshakes and reads wait at the gate, and a scrape is answered at once."""
+    httpd = server(web=tls_config(pki, tmp_path), workers=2, idle_timeout=5)
+    port = port_of(httpd)
+    stalled = [socket.create_connection(("127.0.0.1", port)) for _ in range(6)]
+    silent: list[ssl.SSLSocket] = []
+    try:
+        for s in stalled:
+            s.send(webflood.CLIENT_HELLO_START)
+        for _ in range(4):
+            silent.append(client_context(pki).wrap_socket(socket.create_connection(("127.0.0.1", port)),
+                                                          server_hostname="localhost"))
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        assert get(f"https://localhost:{port}/healthz", context=client_context(pki))[:2] == (200, "ok\n")
+        assert time.monotonic() - t0 < 1.0
+        silent[0].sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # a handshaken client asks at last
+        silent[0].settimeout(5)
+        assert silent[0].recv(100).startswith(b"HTTP/1.0 200")
+        assert httpd.tls_failures == 0  # nothing failed: they are still waiting
+    finally:
+        for s in stalled + silent:
+            s.close()
+
+
+def test_tls_request_body_after_the_head_reaches_the_handler(server, pki, tmp_path) -> None:
+    """The gate reads a TLS request's head, decrypted; what the handler reads starts with those bytes."""
+    httpd = server(web=tls_config(pki, tmp_path))
+    with client_context(pki).wrap_socket(socket.create_connection(("127.0.0.1", port_of(httpd))),
+                                         server_hostname="localhost") as s:
+        s.settimeout(5)
+        s.sendall(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nabcd")
+        assert s.recv(100).startswith(b"HTTP/1.0 405")
+
+
+def test_one_address_cannot_fill_the_gate(server) -> None:
+    """An address has at most PER_ADDRESS connections waiting; beyond, its oldest waiting one is closed."""
+    from exporter.exposition.gate import PER_ADDRESS
+
+    httpd = server(idle_timeout=10)
+    port = port_of(httpd)
+    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(PER_ADDRESS + 3)]
+    try:
+        held[0].settimeout(5)
+        assert held[0].recv(10) == b""  # the oldest, closed
+        time.sleep(0.2)
+        assert httpd._gate.evicted == 3
+        assert get(f"http://127.0.0.1:{port}/healthz")[0] == 200  # another new one is served
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_stalled_handshakes_and_wrong_passwords_leave_a_verified_scraper_fast(pki, tmp_path) -> None:
+    """`serve` with TLS and a bcrypt password at cost 10: 32 connections stalled in their handshake (opened again
+    when closed) and 150 clients sending a wrong password, each from an address of its own, as fast as they are
+    answered. A scraper whose password was verified before keeps a p99 under 1 s."""
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()
+    log = tmp_path / "train.log"
+    log.write_text('{"step": 7, "loss": 0.25}\n')
+    cfg = write_web_config(tmp_path, {"tls_server_config": {"cert_file": str(pki.server_cert),
+                                                            "key_file": str(pki.server_key)},
+                                      "basic_auth_users": {"prometheus": hashed}})
+    port = free_port()
+    p = subprocess.Popen(exporter_cmd("serve", "--no-gpu", "--listen-address", f"127.0.0.1:{port}", "--log", str(log),
+                                      "--web.config.file", str(cfg)),
+                         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    flood = None
+    try:
+        ctx = client_context(pki)
+        wait_body(f"https://localhost:{port}/metrics", 'posttrain_step{run="train"} 7.0', context=ctx,
+                  headers=basic("prometheus", PASSWORD))  # verified once
+        flood = subprocess.Popen([sys.executable, webflood.__file__, "--port", str(port), "--ca", str(pki.ca),
+                                  "--stalled", "32", "--wrong", "150", "--seconds", "9"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert flood.stdout is not None and flood.stdout.readline() == b"ready\n", flood.stderr.read()
+        time.sleep(1.0)  # every wrong-password client under way
+        times: list[float] = []
+        end = time.monotonic() + 6
+        while time.monotonic() < end:
+            t0 = time.monotonic()
+            try:
+                status = get(f"https://localhost:{port}/metrics", basic("prometheus", PASSWORD), ctx, timeout=5)[0]
+            except OSError:
+                status = 0
+            times.append(time.monotonic() - t0 if status == 200 else 5.0)
+        result = json.loads(flood.communicate(timeout=30)[0].decode().splitlines()[-1])
+    finally:
+        if flood is not None and flood.poll() is None:
+            flood.kill()
+        p.terminate()
+        assert p.wait(10) == 0, p.stderr.read().decode()
+    times.sort()
+    p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
+    assert len(times) >= 20 and p99 < 1.0, (p99, times[-5:], result)
+    answered = result["wrong_password_responses"]
+    assert answered.get("401", 0) + answered.get("429", 0) >= 150, result  # the flood was real, and answered
+
+
 # --- basic auth -----------------------------------------------------------------------------------------------
 
 
@@ -326,12 +434,40 @@ def test_basic_auth(server, hashed, tmp_path) -> None:
     for path in ("/metrics", "/healthz", "/", "/nothing"):
         status, _, headers = get(base + path)
         assert status == 401 and headers["WWW-Authenticate"].startswith("Basic"), path
-    assert get(base + "/metrics", basic("prometheus", "wrong"))[0] == 401
-    assert get(base + "/metrics", basic("someone", PASSWORD))[0] == 401
-    assert get(base + "/metrics", {"Authorization": "Basic !!!"})[0] == 401
+    assert get(base + "/metrics", {"Authorization": "Basic !!!"})[0] == 401  # malformed: no check, no backoff
     status, body, headers = get(base + "/metrics", basic("prometheus", PASSWORD))
     assert status == 200 and "posttrain_step" in body and headers["X-Content-Type-Options"] == "nosniff"
     assert get(base + "/healthz", basic("prometheus", PASSWORD))[:2] == (200, "ok\n")
+    assert get(base + "/metrics", basic("prometheus", "wrong"))[0] == 401
+    assert get(base + "/metrics", basic("someone", PASSWORD))[0] == 429  # this address waits after a wrong one
+    assert get(base + "/metrics", basic("prometheus", PASSWORD))[0] == 200  # verified before: never waits
+
+
+def test_wrong_passwords_back_off_per_address(server, hashed, tmp_path) -> None:
+    """A wrong password makes its address wait (429 with Retry-After, no check), doubling with each wrong one in
+    a row; another address is checked meanwhile; a right password once the wait is over is accepted."""
+    httpd = server(web=parse_web_config({"basic_auth_users": {"prometheus": hashed}}, str(tmp_path)))
+    port = port_of(httpd)
+
+    def status(password: str, source: str = "127.0.0.1") -> tuple[int, str | None]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5, source_address=(source, 0))
+        conn.request("GET", "/metrics", headers=basic("prometheus", password))
+        r = conn.getresponse()
+        r.read()
+        conn.close()
+        return r.status, r.getheader("Retry-After")
+
+    assert status("wrong") == (401, None)
+    assert status("wrong") == (429, "1")
+    assert status(PASSWORD) == (429, "1")  # not checked either: the address waits
+    assert status("wrong", "127.0.0.2")[0] == 401  # another address has its own check
+    time.sleep(1.1)
+    assert status("wrong") == (401, None)
+    assert status("wrong") == (429, "2")  # the second wrong password in a row: twice the wait
+    time.sleep(2.1)
+    assert status(PASSWORD)[0] == 200
+    assert status("wrong") == (401, None)  # the right password ended the backoff: 1 s again
+    assert status("wrong") == (429, "1")
 
 
 def test_tls_and_basic_auth_through_the_cli(pki, hashed, tmp_path) -> None:
