@@ -40,13 +40,14 @@ class ConfigError(ValueError):
 
 
 _REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 2, 80, 80, 40
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 2, 40, 40, 40
 _REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 4
 
 
 def shown(value: Any) -> str:
     """A value as an error shows it: its repr, cut short (a list built from YAML aliases may be huge)."""
-    return _REPR.repr(value)
+    text = _REPR.repr(value)
+    return text if len(text) <= 100 else text[:97] + "..."
 
 
 @dataclass(frozen=True)

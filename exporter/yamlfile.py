@@ -38,8 +38,9 @@ def read_yaml(path: str, what: str) -> Any:
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise YamlFileError(f"{where} is not UTF-8 text: byte 0x{data[e.start]:02x} at line {line}") from None
-    loader = _loader_class()(text)
+    loader = None
     try:
+        loader = _loader_class()(text)  # it checks every character at once
         node = loader.get_single_node()
         if node is None:
             return None
@@ -47,6 +48,10 @@ def read_yaml(path: str, what: str) -> Any:
         return loader.construct_document(node)
     except _Refused as e:
         raise YamlFileError(f"{where} is refused{_at(e.mark)}: {e}") from None
+    except yaml.reader.ReaderError as e:
+        line = text.count("\n", 0, e.position) + 1
+        raise YamlFileError(f"{where} is not valid YAML at line {line}: character #x{e.character:04x} is not "
+                            f"allowed") from None
     except yaml.YAMLError as e:
         problem = str(getattr(e, "problem", None) or "syntax error")
         raise YamlFileError(f"{where} is not valid YAML{_at(getattr(e, 'problem_mark', None))}: "
@@ -54,7 +59,8 @@ def read_yaml(path: str, what: str) -> Any:
     except RecursionError:  # a safety net: MAX_DEPTH stops nesting long before Python's own limit
         raise YamlFileError(f"{where} is refused: nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 class _Refused(Exception):

@@ -558,3 +558,89 @@ def test_listen_address_flag_and_its_alias() -> None:
         args = build_parser().parse_args(["serve", "--log", "x", flag, "[::1]:9847"])
         assert args.listen_address == "[::1]:9847"
     assert build_parser().parse_args(["serve", "--log", "x", "--web.config.file", "w.yml"]).web_config_file == "w.yml"
+
+
+# --- HEAD, Accept-Encoding, ?name[]= --------------------------------------------------------------------------
+
+
+def raw_request(port: int, request: bytes) -> tuple[bytes, dict[str, str], bytes]:
+    """(status line, headers, body) of one request on a connection the server closes after its answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, *lines = head.decode().split("\r\n")
+    return status.encode(), {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}, body
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/metrics", "/", "/nothing"])
+def test_head_has_the_headers_of_get_and_no_body(server, path) -> None:
+    port = port_of(server())
+    get_status, get_headers, get_body = raw_request(port, f"GET {path} HTTP/1.0\r\n\r\n".encode())
+    status, headers, body = raw_request(port, f"HEAD {path} HTTP/1.0\r\n\r\n".encode())
+    assert status == get_status and body == b"" and get_body
+    assert headers["content-length"] == str(len(get_body)) and headers["content-type"] == get_headers["content-type"]
+
+
+def test_head_refused_by_basic_auth_has_no_body(server, hashed, tmp_path) -> None:
+    port = port_of(server(web=parse_web_config({"basic_auth_users": {"prometheus": hashed}}, str(tmp_path))))
+    status, headers, body = raw_request(port, b"HEAD /healthz HTTP/1.0\r\n\r\n")
+    assert status.startswith(b"HTTP/1.0 401") and body == b"" and headers["www-authenticate"].startswith("Basic")
+
+
+@pytest.mark.parametrize(("accept", "zipped"), [
+    ("gzip", True), ("gzip, deflate, br", True), ("GZIP;q=0.5", True), ("*", True), ("x-gzip", True),
+    ("gzip;q=0", False), ("gzip; q=0.000", False), ("identity", False), ("", False), ("br, *;q=0", False),
+    ("*;q=0, gzip", True), ("gzip;q=nonsense", False), ("deflate, gzip;q=0, *", False),
+])
+def test_gzip_only_where_accept_encoding_allows_it(server, accept, zipped) -> None:
+    port = port_of(server())
+    status, headers, body = raw_request(port, f"GET /metrics HTTP/1.0\r\nAccept-Encoding: {accept}\r\n\r\n".encode())
+    assert status.startswith(b"HTTP/1.0 200")
+    assert (headers.get("content-encoding") == "gzip") is zipped
+    assert (body[:2] == b"\x1f\x8b") is zipped and int(headers["content-length"]) == len(body)
+
+
+def filter_registry() -> CollectorRegistry:
+    from prometheus_client import Counter
+
+    reg = registry()
+    Gauge("posttrain_kl", "kl", ["run"], registry=reg).labels("r").set(0.5)
+    Counter("posttrain_exporter_lines", "lines", ["run"], registry=reg).labels("r").inc(3)
+    return reg
+
+
+def test_name_filter_selects_families_and_samples(tmp_path) -> None:
+    """?name[]= as prometheus_client defines it (sample names) and by family name too; an unknown name is said
+    in a comment of the text format; an empty or malformed name is a 400 that says what to write."""
+    httpd = MetricsServer("127.0.0.1", 0, build_app(filter_registry(), time.monotonic)).start()
+    base = f"http://127.0.0.1:{port_of(httpd)}/metrics"
+    try:
+        status, body, _ = get(base + "?name[]=posttrain_kl")
+        assert status == 200 and 'posttrain_kl{run="r"} 0.5' in body and "posttrain_step" not in body
+        status, body, _ = get(base + "?name[]=posttrain_exporter_lines&name[]=posttrain_step")
+        assert 'posttrain_exporter_lines_total{run="r"} 3.0' in body and "posttrain_exporter_lines_created" in body
+        assert "posttrain_step{" in body and "posttrain_kl" not in body
+        status, body, _ = get(base + "?name%5B%5D=posttrain_exporter_lines_total")  # a sample: only its samples
+        assert 'posttrain_exporter_lines_total{run="r"} 3.0' in body and "_created" not in body
+        status, body, _ = get(base + "?name[]=posttrain_kl&name[]=posttrain_nope")
+        assert status == 200 and "posttrain_kl{" in body and body.endswith(
+            "# no metric named posttrain_nope is exported now\n")
+        status, body, _ = get(base + "?name[]=posttrain_nope", {"Accept": "application/openmetrics-text"})
+        assert status == 200 and body == "# EOF\n"  # OpenMetrics has no comments
+        for query in ("?name[]=", "?name[]=a%20b", "?name[]"):
+            status, body, _ = get(base + query)
+            assert status == 400 and "name[]:" in body and "?name[]=posttrain_step" in body, query
+    finally:
+        httpd.shutdown()
+
+
+def test_address_key_groups_ipv6_by_64() -> None:
+    from exporter.exposition.gate import address_key
+
+    assert address_key(("127.0.0.1", 5)) == "127.0.0.1"
+    assert address_key(("::ffff:10.0.0.1", 5, 0, 0)) == "10.0.0.1"
+    assert address_key(("2001:db8::1", 5, 0, 0)) == address_key(("2001:db8::ffff:2", 9, 0, 0)) != \
+        address_key(("2001:db8:0:1::1", 5, 0, 0))
