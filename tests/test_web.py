@@ -335,6 +335,7 @@ def test_stalled_tls_handshakes_hold_no_worker(server, pki, tmp_path) -> None:
         silent[0].settimeout(5)
         assert silent[0].recv(100).startswith(b"HTTP/1.0 200")
         assert httpd.tls_failures == 0  # nothing failed: they are still waiting
+        assert httpd._gate.holding_tls == 3  # the 3 handshaken and silent; a partial ClientHello holds no SSL object
     finally:
         for s in stalled + silent:
             s.close()
@@ -348,6 +349,44 @@ def test_tls_request_body_after_the_head_reaches_the_handler(server, pki, tmp_pa
         s.settimeout(5)
         s.sendall(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nabcd")
         assert s.recv(100).startswith(b"HTTP/1.0 405")
+
+
+def client_hello(pki: PKI) -> bytes:
+    """The first flight of a real TLS client (its ClientHello), made without a socket."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = client_context(pki).wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def test_handshakes_left_halfway_are_capped(server, pki, tmp_path) -> None:
+    """Clients that send a whole ClientHello and never finish the handshake hold an SSL object each at the gate:
+    at most TLS_WAITING of them; beyond, the oldest is closed, and a real client is still served."""
+    from exporter.exposition.gate import TLS_WAITING
+
+    httpd = server(web=tls_config(pki, tmp_path), idle_timeout=30)
+    port = port_of(httpd)
+    hello = client_hello(pki)
+    held: list[socket.socket] = []
+    try:
+        for i in range(TLS_WAITING + 3):
+            s = socket.create_connection(("127.0.0.1", port), source_address=(webflood.wrong_address(i), 0))
+            s.sendall(hello)
+            held.append(s)
+        deadline = time.monotonic() + 10
+        while httpd._gate.evicted < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert httpd._gate.evicted == 3 and httpd._gate.holding_tls == TLS_WAITING
+        held[0].settimeout(5)
+        answer = b""
+        while chunk := held[0].recv(65536):  # the oldest: its ServerHello came, then the end (not a timeout)
+            answer += chunk
+        assert answer.startswith(b"\x16\x03")
+        assert get(f"https://localhost:{port}/healthz", context=client_context(pki))[0] == 200
+    finally:
+        for s in held:
+            s.close()
 
 
 def test_one_address_cannot_fill_the_gate(server) -> None:

@@ -2,12 +2,14 @@
 never occupies one of the server's workers.
 
 One thread watches every waiting connection with a selector. A plain-HTTP connection is handed to the
-workers once its request head is complete (seen with MSG_PEEK, nothing consumed). A TLS connection does its
-handshake here, without blocking (a client that sends part of a ClientHello and goes silent costs a selector
-entry, not a worker), then its request head is read and decrypted here and handed over with it. A connection
-that has not got that far within `timeout` seconds, or that closes, is closed here. One address holds at most
-PER_ADDRESS of the waiting connections: beyond, its oldest waiting one is closed, so that one host cannot fill
-the server's connection limit with idle sockets."""
+workers once its request head is complete (seen with MSG_PEEK, nothing consumed). A TLS connection waits
+(peeked the same way) until the first record of its ClientHello is whole, then does its handshake here,
+without blocking, and its request head is read and decrypted here and handed over with it: a client that
+sends part of a ClientHello and goes silent costs a selector entry, not a worker nor an SSL object (about
+46 KiB each). A connection that has not got that far within `timeout` seconds, or that closes, is closed
+here. One address holds at most PER_ADDRESS of the waiting connections, and at most TLS_WAITING connections
+wait in the middle of a handshake: beyond either, the oldest such one is closed, so that idle sockets can
+neither fill the server's connection limit nor its memory."""
 
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ from dataclasses import dataclass, field
 HEAD_LIMIT = 65536  # bytes peeked for the end of a request head; a longer head goes on to be refused by the handler
 RECHECK_SECONDS = 0.1  # a connection with part of its request is peeked again this often (not on every event)
 PER_ADDRESS = 64  # connections one address may have waiting at the gate at once
+TLS_WAITING = 256  # TLS connections handshaking or sending their request at once (each holds an SSL object)
+TLS_HEAD_LIMIT = 16384  # bytes of a TLS request head held here (decrypted); a longer head is read by the handler
+_RECORD_PEEK = 5 + (1 << 14) + 2048  # a TLS record: 5-byte header, at most 2^14 + 2048 bytes of body
 
 Ready = Callable[[socket.socket, object, bytes], None]  # (connection, address, request bytes already read)
 
@@ -44,17 +49,20 @@ class _Waiting:
     since: float
     key: str  # the address as the per-address limit counts it
     head: bytearray = field(default_factory=bytearray)  # TLS: the request bytes decrypted so far
+    wrapped: bool = False  # TLS: an SSL socket now (its ClientHello's first record was whole)
     handshaken: bool = False
 
 
 class Gate:
     def __init__(self, ready: Ready, close: Callable[[socket.socket], None], timeout: float,
-                 tls: TlsAccept | None = None, per_address: int = PER_ADDRESS) -> None:
+                 tls: TlsAccept | None = None, per_address: int = PER_ADDRESS, tls_waiting: int = TLS_WAITING) -> None:
         self._ready = ready  # takes a connection whose request is there
         self._close = close  # closes one that gave up or timed out
         self._timeout = timeout
         self._tls = tls
         self._per_address = per_address
+        self._tls_waiting = tls_waiting
+        self._wrapped = 0  # waiting connections that hold an SSL object
         self._new: queue.SimpleQueue[tuple[socket.socket, object]] = queue.SimpleQueue()
         self._waiting: dict[socket.socket, _Waiting] = {}  # insertion order: oldest first
         self._by_address: defaultdict[str, int] = defaultdict(int)
@@ -65,7 +73,12 @@ class Gate:
         self._sel.register(self._wake_r, selectors.EVENT_READ)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="http-gate", daemon=True)
-        self.evicted = 0  # waiting connections closed because their address had PER_ADDRESS waiting
+        self.evicted = 0  # waiting connections closed for a newer one (PER_ADDRESS, TLS_WAITING)
+
+    @property
+    def holding_tls(self) -> int:
+        """Waiting connections that hold an SSL object (handshaking, or handshaken and sending their request)."""
+        return self._wrapped
 
     def start(self) -> Gate:
         self._thread.start()
@@ -100,9 +113,8 @@ class Gate:
                     for conn in list(self._partial):
                         self._check(conn)
                     for conn, w in list(self._waiting.items()):
-                        if now - w.since <= self._timeout:
-                            break  # oldest first: the rest are younger
-                        self._drop(conn)
+                        if now - w.since > self._timeout:
+                            self._drop(conn)
         finally:
             for conn in list(self._waiting):
                 self._drop(conn)
@@ -129,9 +141,7 @@ class Gate:
                 self._drop(next(c for c, w in self._waiting.items() if w.key == key))
             try:
                 conn.setblocking(False)
-                if self._tls is not None:  # no I/O yet: the handshake is driven by the selector's events
-                    conn = self._tls.context().wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
-            except (OSError, ValueError, ssl.SSLError):
+            except OSError:
                 self._close(conn)
                 continue
             self._waiting[conn] = _Waiting(address, time.monotonic(), key)
@@ -145,11 +155,11 @@ class Gate:
         w = self._waiting.get(conn)
         if w is None:
             return
-        if self._tls is not None:
+        if w.wrapped:
             self._advance_tls(conn, w)  # type: ignore[arg-type]
             return
         try:
-            head = conn.recv(HEAD_LIMIT, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            head = conn.recv(_RECORD_PEEK if self._tls else HEAD_LIMIT, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except BlockingIOError:
             return
         except OSError:
@@ -157,11 +167,50 @@ class Gate:
             return
         if not head:
             self._drop(conn)  # closed before it asked anything
+        elif self._tls is not None:
+            if head[0] != 0x16:  # not a TLS handshake record: plain HTTP on the TLS port, say
+                self._refuse(conn, "not a TLS handshake")
+            elif len(head) >= 5 and len(head) >= 5 + int.from_bytes(head[3:5], "big"):
+                self._start_tls(conn, w)
+            else:
+                self._wait_for_more(conn)
         elif _complete(head):
             self._hand_over(conn, b"")
-        elif conn not in self._partial:
+        else:
+            self._wait_for_more(conn)
+
+    def _wait_for_more(self, conn: socket.socket) -> None:
+        if conn not in self._partial:
             self._partial.add(conn)  # peeked again on the timer: the unread bytes would wake the selector at once
             self._sel.unregister(conn)
+
+    def _start_tls(self, conn: socket.socket, w: _Waiting) -> None:
+        """The first record of the ClientHello is here: an SSL socket takes the connection's place."""
+        assert self._tls is not None
+        if self._wrapped >= self._tls_waiting:
+            self.evicted += 1
+            self._drop(next(c for c, o in self._waiting.items() if o.wrapped))
+        self._forget(conn)
+        try:
+            tls = self._tls.context().wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        except (OSError, ValueError, ssl.SSLError) as e:
+            self._tls.refused(str(e))
+            self._close(conn)
+            return
+        w.wrapped = True
+        self._remember(tls, w)
+        try:
+            self._sel.register(tls, selectors.EVENT_READ)
+        except (OSError, ValueError):
+            self._drop(tls)
+            return
+        self._advance_tls(tls, w)
+
+    def _remember(self, conn: socket.socket, w: _Waiting) -> None:
+        """Puts a connection taken from the waiting ones (by _forget) back, with its age."""
+        self._waiting[conn] = w
+        self._by_address[w.key] += 1
+        self._wrapped += w.wrapped
 
     def _advance_tls(self, conn: ssl.SSLSocket, w: _Waiting) -> None:
         assert self._tls is not None
@@ -172,8 +221,8 @@ class Gate:
                 if not self._tls.peer_ok(conn):
                     self._refuse(conn, "client certificate not in client_allowed_sans")
                     return
-            while len(w.head) < HEAD_LIMIT:  # read all there is: decrypted bytes wake no selector
-                data = conn.recv(HEAD_LIMIT - len(w.head))
+            while len(w.head) < TLS_HEAD_LIMIT:  # read all there is: decrypted bytes wake no selector
+                data = conn.recv(TLS_HEAD_LIMIT - len(w.head))
                 if not data:
                     self._drop(conn)  # closed before it asked anything
                     return
@@ -198,6 +247,7 @@ class Gate:
 
     def _forget(self, conn: socket.socket) -> object:
         w = self._waiting.pop(conn)
+        self._wrapped -= w.wrapped
         self._by_address[w.key] -= 1
         if not self._by_address[w.key]:
             del self._by_address[w.key]

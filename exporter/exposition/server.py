@@ -279,6 +279,10 @@ class _HeadFirst(io.RawIOBase):
             return n
         return self._rest.readinto1(b)
 
+    def close(self) -> None:
+        self._rest.close()  # the connection's own reader: its file reference keeps the socket open
+        super().close()
+
 
 class MetricsServer(WSGIServer):
     """Binds and listens at construction (raising OSError if it cannot); `start` serves in a thread."""
