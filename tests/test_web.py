@@ -389,8 +389,9 @@ def test_handshakes_left_halfway_are_capped(server, pki, tmp_path) -> None:
             s.close()
 
 
-def test_one_address_cannot_fill_the_gate(server) -> None:
-    """An address has at most PER_ADDRESS connections waiting; beyond, its oldest waiting one is closed."""
+def test_one_address_cannot_fill_the_gate(server, caplog) -> None:
+    """An address has at most PER_ADDRESS connections waiting; beyond, its oldest waiting one is closed, and the
+    log says so (once per 10 s)."""
     from exporter.exposition.gate import PER_ADDRESS
 
     httpd = server(idle_timeout=10)
@@ -401,6 +402,8 @@ def test_one_address_cannot_fill_the_gate(server) -> None:
         assert held[0].recv(10) == b""  # the oldest, closed
         time.sleep(0.2)
         assert httpd._gate.evicted == 3
+        warnings = [r.getMessage() for r in caplog.records if "waiting connection" in r.getMessage()]
+        assert len(warnings) == 1 and f"127.0.0.1 had {PER_ADDRESS} connections waiting" in warnings[0]
         assert get(f"http://127.0.0.1:{port}/healthz")[0] == 200  # another new one is served
     finally:
         for s in held:

@@ -14,6 +14,7 @@ neither fill the server's connection limit nor its memory."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import selectors
 import socket
@@ -30,6 +31,9 @@ PER_ADDRESS = 64  # connections one address may have waiting at the gate at once
 TLS_WAITING = 256  # TLS connections handshaking or sending their request at once (each holds an SSL object)
 TLS_HEAD_LIMIT = 16384  # bytes of a TLS request head held here (decrypted); a longer head is read by the handler
 _RECORD_PEEK = 5 + (1 << 14) + 2048  # a TLS record: 5-byte header, at most 2^14 + 2048 bytes of body
+LOG_EVERY_SECONDS = 10.0
+
+log = logging.getLogger(__name__)
 
 Ready = Callable[[socket.socket, object, bytes], None]  # (connection, address, request bytes already read)
 
@@ -74,6 +78,7 @@ class Gate:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="http-gate", daemon=True)
         self.evicted = 0  # waiting connections closed for a newer one (PER_ADDRESS, TLS_WAITING)
+        self._logged_at = float("-inf")
 
     @property
     def holding_tls(self) -> int:
@@ -137,8 +142,8 @@ class Gate:
                 return
             key = address_key(address)
             if self._by_address[key] >= self._per_address:
-                self.evicted += 1
-                self._drop(next(c for c, w in self._waiting.items() if w.key == key))
+                self._evict(next(c for c, w in self._waiting.items() if w.key == key),
+                            f"{key} had {self._per_address} connections waiting")
             try:
                 conn.setblocking(False)
             except OSError:
@@ -188,8 +193,8 @@ class Gate:
         """The first record of the ClientHello is here: an SSL socket takes the connection's place."""
         assert self._tls is not None
         if self._wrapped >= self._tls_waiting:
-            self.evicted += 1
-            self._drop(next(c for c, o in self._waiting.items() if o.wrapped))
+            self._evict(next(c for c, o in self._waiting.items() if o.wrapped),
+                        f"{self._tls_waiting} TLS handshakes were under way")
         self._forget(conn)
         try:
             tls = self._tls.context().wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
@@ -239,6 +244,16 @@ class Gate:
                 self._drop(conn)
             else:
                 self._refuse(conn, str(e))
+
+    def _evict(self, conn: socket.socket, why: str) -> None:
+        """Closes a waiting connection to make room; says so at most once per LOG_EVERY_SECONDS."""
+        self.evicted += 1
+        self._drop(conn)
+        now = time.monotonic()
+        if now - self._logged_at >= LOG_EVERY_SECONDS:
+            log.warning("closed %d waiting connection(s) in all to make room for new ones; the latest because %s",
+                        self.evicted, why)
+            self._logged_at = now
 
     def _refuse(self, conn: socket.socket, why: str) -> None:
         assert self._tls is not None

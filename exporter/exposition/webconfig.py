@@ -42,7 +42,8 @@ TLS_KEYS = {"cert_file", "key_file", "client_ca_file", "client_auth_type", "min_
             "client_allowed_sans", "prefer_server_cipher_suites", "cert", "key", "client_ca", "cipher_suites",
             "curve_preferences"}
 UNSUPPORTED = {
-    "rate_limit": "not supported by posttrain-exporter (the server's worker pool already bounds its load); remove it",
+    "rate_limit": "not supported (wrong passwords are limited per address and the server's workers bound its load; "
+                  "see the README's Security section); remove it",
     "tls_server_config.cert": "inline PEM is not supported; put the certificate in a file and name it in cert_file",
     "tls_server_config.key": "inline PEM is not supported; put the key in a file and name it in key_file",
     "tls_server_config.cipher_suites": "Go cipher-suite names are not supported; remove it (OpenSSL's defaults "
