@@ -5,8 +5,10 @@ Validated at start; every error names the field to fix (`logs[0].format: ...`)."
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,8 +26,28 @@ _LABEL_VALUE = re.compile(r"^[^\s{}]+$")
 _ALIAS_TARGET = re.compile(r"^(?P<i>[a-z_]+)(?:\{(?P<l>[a-z_]+)=(?P<v>[^}]+)\})?$")
 
 
+MAX_ERROR_CHARS = 500  # a config error is one line a person reads, whatever the config holds
+
+
 class ConfigError(ValueError):
-    pass
+    """What to fix, on one line of at most MAX_ERROR_CHARS."""
+
+    def __init__(self, message: str) -> None:
+        message = message.replace("\r", "\\r").replace("\n", "\\n")
+        if len(message) > MAX_ERROR_CHARS:
+            message = message[: MAX_ERROR_CHARS - 3] + "..."
+        super().__init__(message)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 2, 40, 40, 40
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 4
+
+
+def shown(value: Any) -> str:
+    """A value as an error shows it: its repr, cut short (a list built from YAML aliases may be huge)."""
+    text = _REPR.repr(value)
+    return text if len(text) <= 100 else text[:97] + "..."
 
 
 @dataclass(frozen=True)
@@ -83,18 +105,12 @@ def default_run_name(path: str) -> str:
 def load_config(path: str | None) -> Config:
     if path is None:
         return Config()
-    import yaml  # only to read a config file: a command without one starts ~10 ms sooner
+    from exporter.yamlfile import YamlFileError, read_yaml
 
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
-    except OSError as e:
-        raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or "syntax error"
-        raise ConfigError(f"config {path} is not valid YAML{where}: {problem}") from None
+        raw = read_yaml(path, "config")
+    except YamlFileError as e:
+        raise ConfigError(str(e)) from None
     return parse_config(raw if raw is not None else {})
 
 
@@ -104,15 +120,43 @@ def _expect(cond: bool, where: str, msg: str) -> None:
 
 
 def _number(raw: dict, key: str, default: float, *, integer: bool = False, minimum: float = 0,
-            section: str = "") -> Any:
+            maximum: float | None = None, section: str = "") -> Any:
+    """raw[key] (or `default`): a finite number above `minimum` (exclusive) and at most `maximum` (default: its
+    MAXIMA entry, else MAX_COUNT for an integer and MAX_SECONDS for a float)."""
     if key not in raw:
         return default
     v = raw[key]
     where = f"{section}.{key}" if section else key
     ok = isinstance(v, int) if integer else isinstance(v, int | float)
-    _expect(ok and not isinstance(v, bool), where, f"must be {'an integer' if integer else 'a number'}, got {v!r}")
-    _expect(v > minimum, where, f"must be greater than {minimum}, got {v!r}")
+    _expect(ok and not isinstance(v, bool), where, f"must be {'an integer' if integer else 'a number'}, got {shown(v)}")
+    _expect(_finite(v), where, f"must be a finite number, got {shown(v)}")
+    _expect(v > minimum, where, f"must be greater than {minimum}, got {shown(v)}")
+    top = maximum if maximum is not None else MAXIMA.get(where, MAX_COUNT if integer else MAX_SECONDS)
+    _expect(v <= top, where, f"must be at most {top:,}, got {shown(v)}")
     return v
+
+
+def _finite(v: Any) -> bool:
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+# Upper bounds, so that a typo cannot ask for memory or waits the sidecar cannot afford. A number not named in
+# MAXIMA is a count (at most MAX_COUNT) or, as a float, seconds (at most MAX_SECONDS).
+MAX_COUNT = 1_000_000
+MAX_SECONDS = 3600.0
+MAXIMA = {
+    "limits.max_keys": 100_000,
+    # Every series holds 2 x history_limit points of 16 bytes from its first point (instruments/series.py).
+    "limits.history_limit": 100_000,
+    "limits.max_key_length": 65_536,
+    "limits.max_line_length": 64 << 20,
+    "baselines.points": 100_000,
+}
+MAX_WINDOW = 100_000  # points in a rolling window, the default one or an instrument's
+MAX_BASELINE = 1e12
 
 
 KNOWN_KEYS = {"run", "listen_address", "poll_interval_seconds", "logs", "formats", "aliases", "limits", "windows",
@@ -146,7 +190,7 @@ def _gpu(raw: dict) -> GpuSettings:
     """gpu: {enabled, interval_seconds, visible_devices}; the rest of the sampler's settings keep their defaults."""
     sec = _section(raw, "gpu", {"enabled", "interval_seconds", "visible_devices"})
     enabled = sec.get("enabled", True)
-    _expect(isinstance(enabled, bool), "gpu.enabled", f"must be true or false, got {enabled!r}")
+    _expect(isinstance(enabled, bool), "gpu.enabled", f"must be true or false, got {shown(enabled)}")
     devices = sec.get("visible_devices")
     _expect(devices is None or isinstance(devices, str | int), "gpu.visible_devices",
             "must be a string like '0,1' or 'GPU-<uuid>'")
@@ -179,17 +223,17 @@ def _early_stop(raw: dict) -> EarlyStopSettings:
         return EarlyStopSettings()
     path = sec.get("file")
     _expect(isinstance(path, str) and bool(path.strip()), "early_stop.file",
-            f"must be the path of the stop file (e.g. /logs/posttrain-stop.json), got {path!r}")
+            f"must be the path of the stop file (e.g. /logs/posttrain-stop.json), got {shown(path)}")
     severity = sec.get("severity", "critical")
     _expect(severity in STOP_SEVERITIES, "early_stop.severity",
-            f"must be critical (pages) or warning (pages and warnings), got {severity!r}")
+            f"must be critical (pages) or warning (pages and warnings), got {shown(severity)}")
     names = sec.get("detectors")
     if names is not None:
         _expect(isinstance(names, list) and bool(names), "early_stop.detectors",
                 "must be a non-empty list of detector names")
         for i, name in enumerate(names):
-            _expect(name in DETECTORS, f"early_stop.detectors[{i}]",
-                    f"unknown detector {name!r} (known: {', '.join(sorted(DETECTORS))})")
+            _expect(isinstance(name, str) and name in DETECTORS, f"early_stop.detectors[{i}]",
+                    f"unknown detector {shown(name)} (known: {', '.join(sorted(DETECTORS))})")
             allowed = STOP_SEVERITIES[: STOP_SEVERITIES.index(severity) + 1]
             _expect(DETECTORS[name].severity in allowed, f"early_stop.detectors[{i}]",
                     f"{name} is a {DETECTORS[name].severity} detector: set early_stop.severity: warning to stop on it")
@@ -216,8 +260,9 @@ def _only_known(mapping: dict, known: set[str], where: str) -> None:
 def _window(raw: dict, where: str, base: WindowSpec) -> WindowSpec:
     _expect(isinstance(raw, dict), where, "must be a mapping of size and min_points")
     _only_known(raw, {"size", "min_points"} | ({"per_instrument"} if where == "windows" else set()), where)
-    size = _number(raw, "size", base.size, integer=True, minimum=1, section=where)
-    min_points = _number(raw, "min_points", base.min_points, integer=True, minimum=1, section=where)
+    size = _number(raw, "size", base.size, integer=True, minimum=1, maximum=MAX_WINDOW, section=where)
+    min_points = _number(raw, "min_points", base.min_points, integer=True, minimum=1, maximum=MAX_WINDOW,
+                         section=where)
     _expect(min_points <= size, f"{where}.min_points", f"must not exceed size ({size}), got {min_points}")
     return WindowSpec(size, min_points)
 
@@ -236,13 +281,13 @@ def _derived(raw: dict) -> DerivedSettings:
     values = {}
     for name in th:
         v = th[name]
-        ok = isinstance(v, int | float) and not isinstance(v, bool)
-        _expect(ok, f"thresholds.{name}", f"must be a number, got {v!r}")
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and _finite(v)
+        _expect(ok, f"thresholds.{name}", f"must be a finite number, got {shown(v)}")
         values[name] = float(v)
     thresholds = Thresholds(**values)
     _expect(thresholds.kl_warning <= thresholds.kl_critical, "thresholds.kl_warning", "must not exceed kl_critical")
     base = _section(raw, "baselines", BASELINE_INPUTS | {"points"})
-    given = {k: float(_number(base, k, 0.0, section="baselines")) for k in base if k != "points"}
+    given = {k: float(_number(base, k, 0.0, maximum=MAX_BASELINE, section="baselines")) for k in base if k != "points"}
     points = _number(base, "points", 10, integer=True, section="baselines")
     return DerivedSettings(default, per_instrument, thresholds, given, points, _detectors(raw))
 
@@ -253,7 +298,7 @@ def _detectors(raw: dict) -> DetectorSettings:
     clear_steps = _number(sec, "clear_steps", 5, integer=True, section="detectors")
     margin = sec.get("clear_margin", 0.2)
     _expect(isinstance(margin, int | float) and not isinstance(margin, bool) and 0 <= margin < 1,
-            "detectors.clear_margin", f"must be a number in [0, 1), got {margin!r}")
+            "detectors.clear_margin", f"must be a number in [0, 1), got {shown(margin)}")
     steps, clear, disabled = {}, {}, set()
     for name in set(sec) & set(DETECTORS):
         where = f"detectors.{name}"
@@ -264,7 +309,7 @@ def _detectors(raw: dict) -> DetectorSettings:
         if "clear_steps" in d:
             clear[name] = _number(d, "clear_steps", 1, integer=True, section=where)
         enabled = d.get("enabled", True)
-        _expect(isinstance(enabled, bool), f"{where}.enabled", f"must be true or false, got {enabled!r}")
+        _expect(isinstance(enabled, bool), f"{where}.enabled", f"must be true or false, got {shown(enabled)}")
         if not enabled:
             disabled.add(name)
     return DetectorSettings(steps, clear, clear_steps, float(margin), frozenset(disabled))
@@ -277,10 +322,12 @@ def _formats(raw: Any) -> list[RegexFormat]:
         where = f"formats[{i}]"
         _expect(isinstance(f, dict) and {"name", "pattern"} <= set(f), where, "needs `name` and `pattern`")
         name, pattern = f["name"], f["pattern"]
+        _expect(isinstance(pattern, str) and bool(pattern), f"{where}.pattern",
+                "must be a regular expression (a string)")
         _expect(isinstance(name, str) and name not in known_formats(),
-                f"{where}.name", f"{name!r} is not a free format name")
+                f"{where}.name", f"{shown(name)} is not a free format name")
         try:
-            rx = re.compile(str(pattern))
+            rx = re.compile(pattern)
         except re.error as e:
             raise ConfigError(f"{where}.pattern: not a valid regular expression: {e}") from None
         groups = set(rx.groupindex) - {"step"}
@@ -300,7 +347,8 @@ def _logs(raw: Any, formats: set[str], default_run: str | None) -> list[LogSpec]
         _expect(isinstance(entry, dict) and isinstance(entry.get("path"), str), where, "needs a `path` string")
         _only_known(entry, {"path", "run", "format"}, where)
         fmt = entry.get("format", "auto")
-        _expect(fmt in formats, f"{where}.format", f"unknown format {fmt!r} (known: {', '.join(sorted(formats))})")
+        _expect(isinstance(fmt, str) and fmt in formats, f"{where}.format",
+                f"unknown format {shown(fmt)} (known: {', '.join(sorted(formats))})")
         run = entry.get("run", default_run or default_run_name(entry["path"]))
         _expect(isinstance(run, str) and bool(_LABEL_VALUE.match(run)), f"{where}.run",
                 "must be a non-empty string without spaces or braces")
@@ -313,10 +361,10 @@ def _aliases(raw: Any) -> dict[str, tuple[str, str | None]]:
     out: dict[str, tuple[str, str | None]] = {}
     for key, target in raw.items():
         m = _ALIAS_TARGET.match(str(target))
-        where = f"aliases[{key!r}]"
-        _expect(bool(m), where, f"{target!r} is not `instrument` or `instrument{{label=value}}`")
+        where = f"aliases[{shown(key)}]"
+        _expect(bool(m), where, f"{shown(target)} is not `instrument` or `instrument{{label=value}}`")
         inst = INSTRUMENTS.get(m["i"])
-        _expect(inst is not None, where, f"unknown instrument {m['i']!r} (known: {', '.join(INSTRUMENTS)})")
+        _expect(inst is not None, where, f"unknown instrument {shown(m['i'])} (known: {', '.join(INSTRUMENTS)})")
         if inst.label:
             _expect(m["l"] == inst.label, where, f"{m['i']} needs its label: {m['i']}{{{inst.label}=...}}")
         else:
@@ -330,6 +378,6 @@ def parse_listen_address(text: str, where: str = "--listen-address") -> tuple[st
     if not sep:
         host, port = "", text
     ok = port.isdigit() and 0 <= int(port) <= 65535
-    _expect(ok, where, f"{text!r} is not HOST:PORT (e.g. 0.0.0.0:{DEFAULT_PORT})")
+    _expect(ok, where, f"{shown(text)} is not HOST:PORT (e.g. 0.0.0.0:{DEFAULT_PORT})")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port), f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -168,3 +168,98 @@ def test_bad_lines_are_counted_and_good_ones_around_them_kept(tmp_path) -> None:
     assert 'posttrain_exporter_parse_errors_total{format="hf_dict",reason="truncated",run="r"} 1.0' in out
     assert 'posttrain_exporter_parse_errors_total{format="jsonl",reason="bad_json",run="r"} 1.0' in out
     assert 'posttrain_exporter_records_total{kind="train",run="r"} 2.0' in out
+
+
+# --- hostile config files: bounded work, one short line, exit 2 -------------------------------------------------
+
+
+def alias_bomb() -> str:
+    """"Billion laughs" in YAML: 9 levels of 9 aliases, 9**9 (387 million) strings once expanded, in ~450 bytes,
+    all under a setting the config knows, so that its check (and its error message) meets the whole list."""
+    levels = ["&a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for prev, name in zip("abcdefgh", "bcdefghi", strict=True):
+        levels.append(f"&{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    return "poll_interval_seconds: [\n  " + ",\n  ".join(levels) + "]\n"
+
+
+HOSTILE_FILES = {
+    "alias_bomb": (alias_bomb().encode(), "aliases expand to more than"),
+    "invalid_utf8": (b"run: caf\xe9\n", "is not UTF-8 text: byte 0xe9 at line 1"),
+    "deep_nesting": (b"run: " + b"[" * 50_000 + b"]" * 50_000 + b"\n", "nested deeper than 64 levels"),
+    "deep_block_nesting": ("".join(f"{' ' * i}k{i}:\n" for i in range(200)).encode() + b" " * 200 + b"x: 1\n",
+                           "nested deeper than 64 levels"),
+    "long_integer": (b"limits:\n  history_limit: 1" + b"0" * 5000 + b"\n", "a number of 5,001 characters"),
+    "self_reference": (b"a: &a [1, *a]\n", "an alias refers to a block that contains it"),
+    "too_large": (b"# " + b"x" * (1 << 20) + b"\n", "larger than 1024 KiB"),
+    "control_characters": (b"run: \x00\x01\n", "is not valid YAML"),
+}
+
+
+@pytest.mark.parametrize("flag", ["--config", "--web.config.file"])
+@pytest.mark.parametrize("case", sorted(HOSTILE_FILES))
+def test_hostile_config_file_ends_in_one_short_line(tmp_path, flag, case) -> None:
+    content, message = HOSTILE_FILES[case]
+    path = tmp_path / "hostile.yml"
+    path.write_bytes(content)
+    err = one_line_error(run_cli("serve", "--log", "x.log", flag, str(path), timeout=30))
+    assert message in err and len(err.encode()) < 1024, err
+
+
+def test_alias_bomb_is_refused_in_under_a_second(tmp_path) -> None:
+    """The issue's case: a ~450-byte bomb took 15 s and 3.2 GB and printed an 802 MB error. Timed in this process
+    (no interpreter start-up); its error is short."""
+    import time
+
+    from exporter.config import load_config
+
+    path = tmp_path / "bomb.yml"
+    path.write_text(alias_bomb())
+    assert len(path.read_bytes()) < 500
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path))
+    assert time.monotonic() - t0 < 1.0 and len(str(e.value)) < 1024, str(e.value)
+
+
+def test_aliases_of_modest_size_still_work(tmp_path) -> None:
+    path = tmp_path / "c.yml"
+    path.write_text("windows:\n  per_instrument:\n    kl: &w {size: 40, min_points: 8}\n    entropy: *w\n")
+    from exporter.config import load_config
+
+    cfg = load_config(str(path))
+    assert cfg.derived.per_instrument["entropy"].size == 40 == cfg.derived.per_instrument["kl"].size
+
+
+@pytest.mark.parametrize(("raw", "field"), [
+    ({"poll_interval_seconds": float("inf")}, "poll_interval_seconds: must be a finite number, got inf"),
+    ({"poll_interval_seconds": float("nan")}, "poll_interval_seconds: must be a finite number"),
+    ({"poll_interval_seconds": 1e9}, "poll_interval_seconds: must be at most 3,600"),
+    ({"limits": {"history_limit": 10**20}}, "limits.history_limit: must be at most 100,000"),
+    ({"limits": {"max_keys": 10**7}}, "limits.max_keys: must be at most 100,000"),
+    ({"limits": {"max_line_length": 1 << 40}}, "limits.max_line_length: must be at most"),
+    ({"gpu": {"interval_seconds": float("inf")}}, "gpu.interval_seconds: must be a finite number"),
+    ({"windows": {"size": 10**9}}, "windows.size: must be at most 100,000"),
+    ({"windows": {"per_instrument": {"kl": {"size": 10**9}}}}, "windows.per_instrument.kl.size: must be at most"),
+    ({"detectors": {"kl_critical": {"steps": 10**12}}}, "detectors.kl_critical.steps: must be at most 1,000,000"),
+    ({"thresholds": {"kl_critical": 10**400}}, "thresholds.kl_critical: must be a finite number"),
+    ({"thresholds": {"kl_critical": float("-inf")}}, "thresholds.kl_critical: must be a finite number"),
+    ({"baselines": {"entropy": 10**400}}, "baselines.entropy: must be a finite number"),
+    ({"baselines": {"points": 10**9}}, "baselines.points: must be at most 100,000"),
+    ({"logs": [{"path": "/a", "format": ["hf"]}]}, "logs[0].format: unknown format ['hf']"),
+    ({"early_stop": {"file": "/x", "detectors": [["kl_critical"]]}}, "early_stop.detectors[0]: unknown detector"),
+    ({"formats": [{"name": "x", "pattern": ["(?P<loss>x)"]}]}, "formats[0].pattern: must be a regular expression"),
+])
+def test_numbers_are_range_checked_and_types_never_crash(raw: dict, field: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_config(raw)
+    assert field in str(e.value), str(e.value)
+
+
+def test_errors_show_values_cut_short_on_one_line() -> None:
+    huge = ["x" * 1000] * 100_000  # what aliases build cheaply: the error must not print it
+    with pytest.raises(ConfigError) as e:
+        parse_config({"poll_interval_seconds": huge})
+    assert len(str(e.value)) < 200 and "..." in str(e.value), str(e.value)
+    with pytest.raises(ConfigError) as e:
+        parse_config({"lo\ngs" + "s" * 5000: 1})
+    assert "\n" not in str(e.value) and len(str(e.value)) <= 500, str(e.value)

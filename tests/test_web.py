@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import base64
 import http.client
+import json
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -20,6 +22,7 @@ import pytest
 import yaml
 from conftest import REPO, TRL, exporter_cmd, free_port, require_binary
 from prometheus_client import CollectorRegistry, Gauge
+from support import webflood
 from support.certs import PKI, make_pki
 
 from exporter.config import ConfigError
@@ -306,6 +309,153 @@ def test_tls_min_version(server, pki, tmp_path) -> None:
     assert get(f"https://127.0.0.1:{port_of(httpd)}/metrics", context=client_context(pki))[0] == 200
 
 
+def tls_config(pki: PKI, tmp_path: Path, **extra) -> object:
+    return parse_web_config({"tls_server_config": {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key)},
+                             **extra}, str(tmp_path))
+
+
+def test_stalled_tls_handshakes_hold_no_worker(server, pki, tmp_path) -> None:
+    """More connections than workers send the start of a ClientHello and go silent, more finish the handshake and
+    send nothing: their handshakes and reads wait at the gate, and a scrape is answered at once."""
+    httpd = server(web=tls_config(pki, tmp_path), workers=2, idle_timeout=5)
+    port = port_of(httpd)
+    stalled = [socket.create_connection(("127.0.0.1", port)) for _ in range(6)]
+    silent: list[ssl.SSLSocket] = []
+    try:
+        for s in stalled:
+            s.send(webflood.CLIENT_HELLO_START)
+        for _ in range(4):
+            silent.append(client_context(pki).wrap_socket(socket.create_connection(("127.0.0.1", port)),
+                                                          server_hostname="localhost"))
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        assert get(f"https://localhost:{port}/healthz", context=client_context(pki))[:2] == (200, "ok\n")
+        assert time.monotonic() - t0 < 1.0
+        silent[0].sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # a handshaken client asks at last
+        silent[0].settimeout(5)
+        assert silent[0].recv(100).startswith(b"HTTP/1.0 200")
+        assert httpd.tls_failures == 0  # nothing failed: they are still waiting
+        assert httpd._gate.holding_tls == 3  # the 3 handshaken and silent; a partial ClientHello holds no SSL object
+    finally:
+        for s in stalled + silent:
+            s.close()
+
+
+def test_tls_request_body_after_the_head_reaches_the_handler(server, pki, tmp_path) -> None:
+    """The gate reads a TLS request's head, decrypted; what the handler reads starts with those bytes."""
+    httpd = server(web=tls_config(pki, tmp_path))
+    with client_context(pki).wrap_socket(socket.create_connection(("127.0.0.1", port_of(httpd))),
+                                         server_hostname="localhost") as s:
+        s.settimeout(5)
+        s.sendall(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nabcd")
+        assert s.recv(100).startswith(b"HTTP/1.0 405")
+
+
+def client_hello(pki: PKI) -> bytes:
+    """The first flight of a real TLS client (its ClientHello), made without a socket."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = client_context(pki).wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def test_handshakes_left_halfway_are_capped(server, pki, tmp_path) -> None:
+    """Clients that send a whole ClientHello and never finish the handshake hold an SSL object each at the gate:
+    at most TLS_WAITING of them; beyond, the oldest is closed, and a real client is still served."""
+    from exporter.exposition.gate import TLS_WAITING
+
+    httpd = server(web=tls_config(pki, tmp_path), idle_timeout=30)
+    port = port_of(httpd)
+    hello = client_hello(pki)
+    held: list[socket.socket] = []
+    try:
+        for i in range(TLS_WAITING + 3):
+            s = socket.create_connection(("127.0.0.1", port), source_address=(webflood.wrong_address(i), 0))
+            s.sendall(hello)
+            held.append(s)
+        deadline = time.monotonic() + 10
+        while httpd._gate.evicted < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert httpd._gate.evicted == 3 and httpd._gate.holding_tls == TLS_WAITING
+        held[0].settimeout(5)
+        answer = b""
+        while chunk := held[0].recv(65536):  # the oldest: its ServerHello came, then the end (not a timeout)
+            answer += chunk
+        assert answer.startswith(b"\x16\x03")
+        assert get(f"https://localhost:{port}/healthz", context=client_context(pki))[0] == 200
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_one_address_cannot_fill_the_gate(server, caplog) -> None:
+    """An address has at most PER_ADDRESS connections waiting; beyond, its oldest waiting one is closed, and the
+    log says so (once per 10 s)."""
+    from exporter.exposition.gate import PER_ADDRESS
+
+    httpd = server(idle_timeout=10)
+    port = port_of(httpd)
+    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(PER_ADDRESS + 3)]
+    try:
+        held[0].settimeout(5)
+        assert held[0].recv(10) == b""  # the oldest, closed
+        time.sleep(0.2)
+        assert httpd._gate.evicted == 3
+        warnings = [r.getMessage() for r in caplog.records if "waiting connection" in r.getMessage()]
+        assert len(warnings) == 1 and f"127.0.0.1 had {PER_ADDRESS} connections waiting" in warnings[0]
+        assert get(f"http://127.0.0.1:{port}/healthz")[0] == 200  # another new one is served
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_stalled_handshakes_and_wrong_passwords_leave_a_verified_scraper_fast(pki, tmp_path) -> None:
+    """`serve` with TLS and a bcrypt password at cost 10: 32 connections stalled in their handshake (opened again
+    when closed) and 150 clients sending a wrong password, each from an address of its own, as fast as they are
+    answered. A scraper whose password was verified before keeps a p99 under 1 s."""
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()
+    log = tmp_path / "train.log"
+    log.write_text('{"step": 7, "loss": 0.25}\n')
+    cfg = write_web_config(tmp_path, {"tls_server_config": {"cert_file": str(pki.server_cert),
+                                                            "key_file": str(pki.server_key)},
+                                      "basic_auth_users": {"prometheus": hashed}})
+    port = free_port()
+    p = subprocess.Popen(exporter_cmd("serve", "--no-gpu", "--listen-address", f"127.0.0.1:{port}", "--log", str(log),
+                                      "--web.config.file", str(cfg)),
+                         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    flood = None
+    try:
+        ctx = client_context(pki)
+        wait_body(f"https://localhost:{port}/metrics", 'posttrain_step{run="train"} 7.0', context=ctx,
+                  headers=basic("prometheus", PASSWORD))  # verified once
+        flood = subprocess.Popen([sys.executable, webflood.__file__, "--port", str(port), "--ca", str(pki.ca),
+                                  "--stalled", "32", "--wrong", "150", "--seconds", "9"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert flood.stdout is not None and flood.stdout.readline() == b"ready\n", flood.stderr.read()
+        time.sleep(1.0)  # every wrong-password client under way
+        times: list[float] = []
+        end = time.monotonic() + 6
+        while time.monotonic() < end:
+            t0 = time.monotonic()
+            try:
+                status = get(f"https://localhost:{port}/metrics", basic("prometheus", PASSWORD), ctx, timeout=5)[0]
+            except OSError:
+                status = 0
+            times.append(time.monotonic() - t0 if status == 200 else 5.0)
+        result = json.loads(flood.communicate(timeout=30)[0].decode().splitlines()[-1])
+    finally:
+        if flood is not None and flood.poll() is None:
+            flood.kill()
+        p.terminate()
+        assert p.wait(10) == 0, p.stderr.read().decode()
+    times.sort()
+    p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
+    assert len(times) >= 20 and p99 < 1.0, (p99, times[-5:], result)
+    answered = result["wrong_password_responses"]
+    assert answered.get("401", 0) + answered.get("429", 0) >= 150, result  # the flood was real, and answered
+
+
 # --- basic auth -----------------------------------------------------------------------------------------------
 
 
@@ -326,12 +476,40 @@ def test_basic_auth(server, hashed, tmp_path) -> None:
     for path in ("/metrics", "/healthz", "/", "/nothing"):
         status, _, headers = get(base + path)
         assert status == 401 and headers["WWW-Authenticate"].startswith("Basic"), path
-    assert get(base + "/metrics", basic("prometheus", "wrong"))[0] == 401
-    assert get(base + "/metrics", basic("someone", PASSWORD))[0] == 401
-    assert get(base + "/metrics", {"Authorization": "Basic !!!"})[0] == 401
+    assert get(base + "/metrics", {"Authorization": "Basic !!!"})[0] == 401  # malformed: no check, no backoff
     status, body, headers = get(base + "/metrics", basic("prometheus", PASSWORD))
     assert status == 200 and "posttrain_step" in body and headers["X-Content-Type-Options"] == "nosniff"
     assert get(base + "/healthz", basic("prometheus", PASSWORD))[:2] == (200, "ok\n")
+    assert get(base + "/metrics", basic("prometheus", "wrong"))[0] == 401
+    assert get(base + "/metrics", basic("someone", PASSWORD))[0] == 429  # this address waits after a wrong one
+    assert get(base + "/metrics", basic("prometheus", PASSWORD))[0] == 200  # verified before: never waits
+
+
+def test_wrong_passwords_back_off_per_address(server, hashed, tmp_path) -> None:
+    """A wrong password makes its address wait (429 with Retry-After, no check), doubling with each wrong one in
+    a row; another address is checked meanwhile; a right password once the wait is over is accepted."""
+    httpd = server(web=parse_web_config({"basic_auth_users": {"prometheus": hashed}}, str(tmp_path)))
+    port = port_of(httpd)
+
+    def status(password: str, source: str = "127.0.0.1") -> tuple[int, str | None]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5, source_address=(source, 0))
+        conn.request("GET", "/metrics", headers=basic("prometheus", password))
+        r = conn.getresponse()
+        r.read()
+        conn.close()
+        return r.status, r.getheader("Retry-After")
+
+    assert status("wrong") == (401, None)
+    assert status("wrong") == (429, "1")
+    assert status(PASSWORD) == (429, "1")  # not checked either: the address waits
+    assert status("wrong", "127.0.0.2")[0] == 401  # another address has its own check
+    time.sleep(1.1)
+    assert status("wrong") == (401, None)
+    assert status("wrong") == (429, "2")  # the second wrong password in a row: twice the wait
+    time.sleep(2.1)
+    assert status(PASSWORD)[0] == 200
+    assert status("wrong") == (401, None)  # the right password ended the backoff: 1 s again
+    assert status("wrong") == (429, "1")
 
 
 def test_tls_and_basic_auth_through_the_cli(pki, hashed, tmp_path) -> None:
@@ -422,3 +600,89 @@ def test_listen_address_flag_and_its_alias() -> None:
         args = build_parser().parse_args(["serve", "--log", "x", flag, "[::1]:9847"])
         assert args.listen_address == "[::1]:9847"
     assert build_parser().parse_args(["serve", "--log", "x", "--web.config.file", "w.yml"]).web_config_file == "w.yml"
+
+
+# --- HEAD, Accept-Encoding, ?name[]= --------------------------------------------------------------------------
+
+
+def raw_request(port: int, request: bytes) -> tuple[bytes, dict[str, str], bytes]:
+    """(status line, headers, body) of one request on a connection the server closes after its answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, *lines = head.decode().split("\r\n")
+    return status.encode(), {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}, body
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/metrics", "/", "/nothing"])
+def test_head_has_the_headers_of_get_and_no_body(server, path) -> None:
+    port = port_of(server())
+    get_status, get_headers, get_body = raw_request(port, f"GET {path} HTTP/1.0\r\n\r\n".encode())
+    status, headers, body = raw_request(port, f"HEAD {path} HTTP/1.0\r\n\r\n".encode())
+    assert status == get_status and body == b"" and get_body
+    assert headers["content-length"] == str(len(get_body)) and headers["content-type"] == get_headers["content-type"]
+
+
+def test_head_refused_by_basic_auth_has_no_body(server, hashed, tmp_path) -> None:
+    port = port_of(server(web=parse_web_config({"basic_auth_users": {"prometheus": hashed}}, str(tmp_path))))
+    status, headers, body = raw_request(port, b"HEAD /healthz HTTP/1.0\r\n\r\n")
+    assert status.startswith(b"HTTP/1.0 401") and body == b"" and headers["www-authenticate"].startswith("Basic")
+
+
+@pytest.mark.parametrize(("accept", "zipped"), [
+    ("gzip", True), ("gzip, deflate, br", True), ("GZIP;q=0.5", True), ("*", True), ("x-gzip", True),
+    ("gzip;q=0", False), ("gzip; q=0.000", False), ("identity", False), ("", False), ("br, *;q=0", False),
+    ("*;q=0, gzip", True), ("gzip;q=nonsense", False), ("deflate, gzip;q=0, *", False),
+])
+def test_gzip_only_where_accept_encoding_allows_it(server, accept, zipped) -> None:
+    port = port_of(server())
+    status, headers, body = raw_request(port, f"GET /metrics HTTP/1.0\r\nAccept-Encoding: {accept}\r\n\r\n".encode())
+    assert status.startswith(b"HTTP/1.0 200")
+    assert (headers.get("content-encoding") == "gzip") is zipped
+    assert (body[:2] == b"\x1f\x8b") is zipped and int(headers["content-length"]) == len(body)
+
+
+def filter_registry() -> CollectorRegistry:
+    from prometheus_client import Counter
+
+    reg = registry()
+    Gauge("posttrain_kl", "kl", ["run"], registry=reg).labels("r").set(0.5)
+    Counter("posttrain_exporter_lines", "lines", ["run"], registry=reg).labels("r").inc(3)
+    return reg
+
+
+def test_name_filter_selects_families_and_samples(tmp_path) -> None:
+    """?name[]= as prometheus_client defines it (sample names) and by family name too; an unknown name is said
+    in a comment of the text format; an empty or malformed name is a 400 that says what to write."""
+    httpd = MetricsServer("127.0.0.1", 0, build_app(filter_registry(), time.monotonic)).start()
+    base = f"http://127.0.0.1:{port_of(httpd)}/metrics"
+    try:
+        status, body, _ = get(base + "?name[]=posttrain_kl")
+        assert status == 200 and 'posttrain_kl{run="r"} 0.5' in body and "posttrain_step" not in body
+        status, body, _ = get(base + "?name[]=posttrain_exporter_lines&name[]=posttrain_step")
+        assert 'posttrain_exporter_lines_total{run="r"} 3.0' in body and "posttrain_exporter_lines_created" in body
+        assert "posttrain_step{" in body and "posttrain_kl" not in body
+        status, body, _ = get(base + "?name%5B%5D=posttrain_exporter_lines_total")  # a sample: only its samples
+        assert 'posttrain_exporter_lines_total{run="r"} 3.0' in body and "_created" not in body
+        status, body, _ = get(base + "?name[]=posttrain_kl&name[]=posttrain_nope")
+        assert status == 200 and "posttrain_kl{" in body and body.endswith(
+            "# no metric named posttrain_nope is exported now\n")
+        status, body, _ = get(base + "?name[]=posttrain_nope", {"Accept": "application/openmetrics-text"})
+        assert status == 200 and body == "# EOF\n"  # OpenMetrics has no comments
+        for query in ("?name[]=", "?name[]=a%20b", "?name[]"):
+            status, body, _ = get(base + query)
+            assert status == 400 and "name[]:" in body and "?name[]=posttrain_step" in body, query
+    finally:
+        httpd.shutdown()
+
+
+def test_address_key_groups_ipv6_by_64() -> None:
+    from exporter.exposition.gate import address_key
+
+    assert address_key(("127.0.0.1", 5)) == "127.0.0.1"
+    assert address_key(("::ffff:10.0.0.1", 5, 0, 0)) == "10.0.0.1"
+    assert address_key(("2001:db8::1", 5, 0, 0)) == address_key(("2001:db8::ffff:2", 9, 0, 0)) != \
+        address_key(("2001:db8:0:1::1", 5, 0, 0))

@@ -2,33 +2,74 @@
 never occupies one of the server's workers.
 
 One thread watches every waiting connection with a selector. A plain-HTTP connection is handed to the
-workers once its request head is complete (seen with MSG_PEEK, nothing consumed); a TLS connection once its
-first bytes (the ClientHello) are there, since its request can only be read after the handshake. A
-connection that has not got that far within `timeout` seconds, or that closes, is closed here."""
+workers once its request head is complete (seen with MSG_PEEK, nothing consumed). A TLS connection waits
+(peeked the same way) until the first record of its ClientHello is whole, then does its handshake here,
+without blocking, and its request head is read and decrypted here and handed over with it: a client that
+sends part of a ClientHello and goes silent costs a selector entry, not a worker nor an SSL object (about
+46 KiB each). A connection that has not got that far within `timeout` seconds, or that closes, is closed
+here. One address holds at most PER_ADDRESS of the waiting connections, and at most TLS_WAITING connections
+wait in the middle of a handshake: beyond either, the oldest such one is closed, so that idle sockets can
+neither fill the server's connection limit nor its memory."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import selectors
 import socket
+import ssl
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 HEAD_LIMIT = 65536  # bytes peeked for the end of a request head; a longer head goes on to be refused by the handler
 RECHECK_SECONDS = 0.1  # a connection with part of its request is peeked again this often (not on every event)
+PER_ADDRESS = 64  # connections one address may have waiting at the gate at once
+TLS_WAITING = 256  # TLS connections handshaking or sending their request at once (each holds an SSL object)
+TLS_HEAD_LIMIT = 16384  # bytes of a TLS request head held here (decrypted); a longer head is read by the handler
+_RECORD_PEEK = 5 + (1 << 14) + 2048  # a TLS record: 5-byte header, at most 2^14 + 2048 bytes of body
+LOG_EVERY_SECONDS = 10.0
+
+log = logging.getLogger(__name__)
+
+Ready = Callable[[socket.socket, object, bytes], None]  # (connection, address, request bytes already read)
+
+
+@dataclass(frozen=True)
+class TlsAccept:
+    """How the gate turns a TCP connection into a verified TLS one."""
+
+    context: Callable[[], ssl.SSLContext]  # the current server context (it is reloaded when the files change)
+    peer_ok: Callable[[ssl.SSLSocket], bool]  # after the handshake: is this client allowed (its SANs)?
+    refused: Callable[[str], None]  # called once per handshake that failed or a peer that was refused
+
+
+@dataclass(eq=False)
+class _Waiting:
+    address: object
+    since: float
+    key: str  # the address as the per-address limit counts it
+    head: bytearray = field(default_factory=bytearray)  # TLS: the request bytes decrypted so far
+    wrapped: bool = False  # TLS: an SSL socket now (its ClientHello's first record was whole)
+    handshaken: bool = False
 
 
 class Gate:
-    def __init__(self, ready: Callable[[socket.socket, object], None], close: Callable[[socket.socket], None],
-                 timeout: float, tls: bool) -> None:
+    def __init__(self, ready: Ready, close: Callable[[socket.socket], None], timeout: float,
+                 tls: TlsAccept | None = None, per_address: int = PER_ADDRESS, tls_waiting: int = TLS_WAITING) -> None:
         self._ready = ready  # takes a connection whose request is there
         self._close = close  # closes one that gave up or timed out
         self._timeout = timeout
         self._tls = tls
+        self._per_address = per_address
+        self._tls_waiting = tls_waiting
+        self._wrapped = 0  # waiting connections that hold an SSL object
         self._new: queue.SimpleQueue[tuple[socket.socket, object]] = queue.SimpleQueue()
-        self._waiting: dict[socket.socket, tuple[object, float]] = {}  # conn -> (address, accepted at)
+        self._waiting: dict[socket.socket, _Waiting] = {}  # insertion order: oldest first
+        self._by_address: defaultdict[str, int] = defaultdict(int)
         self._partial: set[socket.socket] = set()  # part of a request there: peeked on a timer, not on events
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -36,6 +77,13 @@ class Gate:
         self._sel.register(self._wake_r, selectors.EVENT_READ)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="http-gate", daemon=True)
+        self.evicted = 0  # waiting connections closed for a newer one (PER_ADDRESS, TLS_WAITING)
+        self._logged_at = float("-inf")
+
+    @property
+    def holding_tls(self) -> int:
+        """Waiting connections that hold an SSL object (handshaking, or handshaken and sending their request)."""
+        return self._wrapped
 
     def start(self) -> Gate:
         self._thread.start()
@@ -69,8 +117,8 @@ class Gate:
                     last_recheck = now
                     for conn in list(self._partial):
                         self._check(conn)
-                    for conn, (_, since) in list(self._waiting.items()):
-                        if now - since > self._timeout:
+                    for conn, w in list(self._waiting.items()):
+                        if now - w.since > self._timeout:
                             self._drop(conn)
         finally:
             for conn in list(self._waiting):
@@ -92,20 +140,31 @@ class Gate:
                 conn, address = self._new.get_nowait()
             except queue.Empty:
                 return
-            self._waiting[conn] = (address, time.monotonic())
+            key = address_key(address)
+            if self._by_address[key] >= self._per_address:
+                self._evict(next(c for c, w in self._waiting.items() if w.key == key),
+                            f"{key} had {self._per_address} connections waiting")
+            try:
+                conn.setblocking(False)
+            except OSError:
+                self._close(conn)
+                continue
+            self._waiting[conn] = _Waiting(address, time.monotonic(), key)
+            self._by_address[key] += 1
             try:
                 self._sel.register(conn, selectors.EVENT_READ)
             except (OSError, ValueError):
                 self._drop(conn)
 
     def _check(self, conn: socket.socket) -> None:
-        if conn not in self._waiting:
+        w = self._waiting.get(conn)
+        if w is None:
             return
-        if self._tls:
-            self._hand_over(conn)
+        if w.wrapped:
+            self._advance_tls(conn, w)  # type: ignore[arg-type]
             return
         try:
-            head = conn.recv(HEAD_LIMIT, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            head = conn.recv(_RECORD_PEEK if self._tls else HEAD_LIMIT, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except BlockingIOError:
             return
         except OSError:
@@ -113,25 +172,131 @@ class Gate:
             return
         if not head:
             self._drop(conn)  # closed before it asked anything
-        elif b"\r\n\r\n" in head or b"\n\n" in head or len(head) >= HEAD_LIMIT:
-            self._hand_over(conn)
-        elif conn not in self._partial:
+        elif self._tls is not None:
+            if head[0] != 0x16:  # not a TLS handshake record: plain HTTP on the TLS port, say
+                self._refuse(conn, "not a TLS handshake")
+            elif len(head) >= 5 and len(head) >= 5 + int.from_bytes(head[3:5], "big"):
+                self._start_tls(conn, w)
+            else:
+                self._wait_for_more(conn)
+        elif _complete(head):
+            self._hand_over(conn, b"")
+        else:
+            self._wait_for_more(conn)
+
+    def _wait_for_more(self, conn: socket.socket) -> None:
+        if conn not in self._partial:
             self._partial.add(conn)  # peeked again on the timer: the unread bytes would wake the selector at once
             self._sel.unregister(conn)
 
+    def _start_tls(self, conn: socket.socket, w: _Waiting) -> None:
+        """The first record of the ClientHello is here: an SSL socket takes the connection's place."""
+        assert self._tls is not None
+        if self._wrapped >= self._tls_waiting:
+            self._evict(next(c for c, o in self._waiting.items() if o.wrapped),
+                        f"{self._tls_waiting} TLS handshakes were under way")
+        self._forget(conn)
+        try:
+            tls = self._tls.context().wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        except (OSError, ValueError, ssl.SSLError) as e:
+            self._tls.refused(str(e))
+            self._close(conn)
+            return
+        w.wrapped = True
+        self._remember(tls, w)
+        try:
+            self._sel.register(tls, selectors.EVENT_READ)
+        except (OSError, ValueError):
+            self._drop(tls)
+            return
+        self._advance_tls(tls, w)
+
+    def _remember(self, conn: socket.socket, w: _Waiting) -> None:
+        """Puts a connection taken from the waiting ones (by _forget) back, with its age."""
+        self._waiting[conn] = w
+        self._by_address[w.key] += 1
+        self._wrapped += w.wrapped
+
+    def _advance_tls(self, conn: ssl.SSLSocket, w: _Waiting) -> None:
+        assert self._tls is not None
+        try:
+            if not w.handshaken:
+                conn.do_handshake()
+                w.handshaken = True
+                if not self._tls.peer_ok(conn):
+                    self._refuse(conn, "client certificate not in client_allowed_sans")
+                    return
+            while len(w.head) < TLS_HEAD_LIMIT:  # read all there is: decrypted bytes wake no selector
+                data = conn.recv(TLS_HEAD_LIMIT - len(w.head))
+                if not data:
+                    self._drop(conn)  # closed before it asked anything
+                    return
+                w.head += data
+                if _complete(w.head):
+                    break
+            self._hand_over(conn, bytes(w.head))
+        except ssl.SSLWantReadError:
+            self._sel.modify(conn, selectors.EVENT_READ)
+        except ssl.SSLWantWriteError:
+            self._sel.modify(conn, selectors.EVENT_WRITE)
+        except (ssl.SSLError, OSError, ValueError) as e:
+            if w.handshaken:
+                self._drop(conn)
+            else:
+                self._refuse(conn, str(e))
+
+    def _evict(self, conn: socket.socket, why: str) -> None:
+        """Closes a waiting connection to make room; says so at most once per LOG_EVERY_SECONDS."""
+        self.evicted += 1
+        self._drop(conn)
+        now = time.monotonic()
+        if now - self._logged_at >= LOG_EVERY_SECONDS:
+            log.warning("closed %d waiting connection(s) in all to make room for new ones; the latest because %s",
+                        self.evicted, why)
+            self._logged_at = now
+
+    def _refuse(self, conn: socket.socket, why: str) -> None:
+        assert self._tls is not None
+        self._tls.refused(why)
+        self._drop(conn)
+
     def _forget(self, conn: socket.socket) -> object:
-        address, _ = self._waiting.pop(conn)
+        w = self._waiting.pop(conn)
+        self._wrapped -= w.wrapped
+        self._by_address[w.key] -= 1
+        if not self._by_address[w.key]:
+            del self._by_address[w.key]
         if conn in self._partial:
             self._partial.discard(conn)
         else:
             with contextlib.suppress(KeyError, ValueError):
                 self._sel.unregister(conn)
-        return address
+        return w.address
 
-    def _hand_over(self, conn: socket.socket) -> None:
-        self._ready(conn, self._forget(conn))
+    def _hand_over(self, conn: socket.socket, head: bytes) -> None:
+        self._ready(conn, self._forget(conn), head)
 
     def _drop(self, conn: socket.socket) -> None:
         if conn in self._waiting:
             self._forget(conn)
         self._close(conn)
+
+
+def _complete(head: bytes | bytearray) -> bool:
+    return b"\r\n\r\n" in head or b"\n\n" in head or len(head) >= HEAD_LIMIT
+
+
+def address_key(address: object) -> str:
+    """The host part of a peer address: IPv4 as it is, an IPv4-mapped IPv6 address as its IPv4 one, other IPv6
+    addresses as their /64 (one host's usual share, which it can fill with addresses at will)."""
+    host = address[0] if isinstance(address, tuple) and address else str(address)
+    host = str(host)
+    if host.startswith("::ffff:") and "." in host:
+        return host[7:]
+    if ":" in host:
+        try:
+            packed = socket.inet_pton(socket.AF_INET6, host.split("%", 1)[0])
+        except OSError:
+            return host
+        return packed[:8].hex() + "::/64"
+    return host

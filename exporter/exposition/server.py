@@ -3,34 +3,39 @@ callback and scripts (each run's verdict and active findings as JSON), / for a p
 
 A bounded server, as Prometheus exporters run theirs: a listen backlog of LISTEN_BACKLOG; at most
 MAX_CONNECTIONS open (beyond, new ones wait in the kernel's backlog, never a thread each); a connection
-waits at the gate (exposition/gate.py) until its request has arrived, so silent and trickling clients never
-occupy one of the WORKERS threads; an idle timeout on every read and write and a deadline on the whole
-connection; IPv4 and IPv6 (`[::1]:9847`; `[::]:9847` takes both); TLS and basic auth from the web config
-(exposition/webconfig.py) on every path. Scrapes that arrive while the exposition is being rendered share
-that rendering."""
+waits at the gate (exposition/gate.py) until its request has arrived (over TLS, its handshake is done there
+without blocking), so silent, trickling and stalled-handshake clients never occupy one of the WORKERS
+threads; an idle timeout on every read and write and a deadline on the whole connection; IPv4 and IPv6
+(`[::1]:9847`; `[::]:9847` takes both); TLS and basic auth from the web config (exposition/webconfig.py) on
+every path, wrong passwords limited per address (exposition/auth.py). Scrapes that arrive while the
+exposition is being rendered share that rendering."""
 
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import logging
+import math
 import os
 import queue
+import re
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from socketserver import TCPServer
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
 
 from exporter.exposition.auth import BasicAuth, with_headers
-from exporter.exposition.gate import Gate
+from exporter.exposition.gate import Gate, TlsAccept
 from exporter.exposition.webconfig import ReloadingContext, WebConfig, san_allowed
 
 log = logging.getLogger(__name__)
@@ -82,23 +87,81 @@ def metrics_app(registry: CollectorRegistry) -> Callable:
 
     def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
         encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
-        params = parse_qs(environ.get("QUERY_STRING", ""))
-        zipped = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", ""))
+        params = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        zipped = gzip_wanted(environ.get("HTTP_ACCEPT_ENCODING", ""))
         if "name[]" in params:  # a filtered scrape is rendered for itself
-            raw = encoder(registry.restricted_registry(params["name[]"]))
+            names = {n for n in params["name[]"] if n}
+            bad = sorted(n for n in names if not METRIC_NAME.fullmatch(n))
+            if not names or bad:
+                start_response("400 Bad Request", [("Content-Type", "text/plain; charset=utf-8")])
+                shown = f"not a metric name: {bad[0][:100]!r}" if bad else "no metric name given"
+                return [f"name[]: {shown} (e.g. /metrics?name[]=posttrain_step&name[]=posttrain_kl)\n".encode()]
+            selected = NamedFamilies(registry, names)
+            raw = encoder(selected)
+            if selected.missing and content_type.startswith("text/plain"):  # OpenMetrics allows no comments
+                raw += "".join(f"# no metric named {n} is exported now\n" for n in selected.missing).encode()
             body = gzip.compress(raw) if zipped else raw
         else:
             with lock:
                 shared = renders.setdefault(content_type, SharedRender(lambda: encoder(registry)))
             raw, gz = shared()
             body = gz if zipped else raw
-        headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
+        headers = [("Content-Type", content_type), ("Content-Length", str(len(body))), ("Vary", "Accept-Encoding")]
         if zipped:
             headers.append(("Content-Encoding", "gzip"))
         start_response("200 OK", headers)
-        return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else body]
+        return [body]
 
     return app
+
+
+METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+class NamedFamilies:
+    """The registry's metrics named in `?name[]=`: a family whole when its name is given (`posttrain_kl`,
+    `posttrain_exporter_lines`), else only its samples of the names given (`posttrain_exporter_lines_total`, as
+    prometheus_client filters). The names that matched nothing are in `missing` once collected."""
+
+    def __init__(self, registry: CollectorRegistry, names: set[str]) -> None:
+        self._registry, self._names = registry, names
+        self.missing: list[str] = []
+
+    def collect(self) -> Iterator[Metric]:
+        seen: set[str] = set()
+        for metric in self._registry.collect():
+            if metric.name in self._names:
+                seen.add(metric.name)
+                yield metric
+                continue
+            samples = [s for s in metric.samples if s.name in self._names]
+            if samples:
+                seen.update(s.name for s in samples)
+                part = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+                part.samples = samples
+                yield part
+        self.missing = sorted(self._names - seen)
+
+
+def gzip_wanted(header: str) -> bool:
+    """Whether Accept-Encoding lets gzip be sent: named (or `*`) with a quality above 0 (`gzip;q=0` refuses it)."""
+    qualities: dict[str, float] = {}
+    for part in header.lower().split(","):
+        coding, *params = (p.strip() for p in part.split(";"))
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        if coding:
+            qualities[coding] = q if math.isfinite(q) else 0.0
+    for coding in ("gzip", "x-gzip", "*"):
+        if coding in qualities:
+            return qualities[coding] > 0
+    return False
 
 
 def verdict_app(verdict: Verdict) -> Callable:
@@ -109,9 +172,37 @@ def verdict_app(verdict: Verdict) -> Callable:
         body = json.dumps(verdict(only), allow_nan=False).encode() + b"\n"
         start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body))),
                                   ("Cache-Control", "no-store")])
-        return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else body]
+        return [body]
 
     return app
+
+
+def without_body_for_head(app: Callable) -> Callable:
+    """HEAD gets the headers a GET would get (its Content-Length too) and no body, whatever path answers it."""
+
+    def wrapped(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD") != "HEAD":
+            return app(environ, start_response)
+        started: list = []
+
+        def start(status: str, headers: list, exc_info=None) -> Callable[[bytes], None]:
+            started[:] = [status, headers, exc_info]
+            return lambda data: None
+
+        body = app(dict(environ, REQUEST_METHOD="GET"), start)
+        try:
+            length = sum(len(chunk) for chunk in body)
+        finally:
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+        status, headers, exc_info = started
+        if not any(k.lower() == "content-length" for k, _ in headers):
+            headers = [*headers, ("Content-Length", str(length))]
+        start_response(status, headers, exc_info)
+        return []
+
+    return wrapped
 
 
 def build_app(registry: CollectorRegistry, heartbeat: Callable[[], float],
@@ -149,9 +240,15 @@ def build_app(registry: CollectorRegistry, heartbeat: Callable[[], float],
 
 
 class _Handler(WSGIRequestHandler):
+    def __init__(self, request, client_address, server, head: bytes = b"") -> None:
+        self._head = head  # the request bytes the gate already read (TLS: decrypted there)
+        super().__init__(request, client_address, server)
+
     def setup(self) -> None:
         self.timeout = self.server.idle_timeout  # type: ignore[attr-defined]  # set on the connection by setup
         super().setup()
+        if self._head:
+            self.rfile = io.BufferedReader(_HeadFirst(self._head, self.rfile))
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -162,6 +259,29 @@ class _Handler(WSGIRequestHandler):
             env["HTTPS"] = "on"
             env["wsgi.url_scheme"] = "https"
         return env
+
+
+class _HeadFirst(io.RawIOBase):
+    """Reads `head` first, then the connection (one read of it at a time: never waits for more than is there)."""
+
+    def __init__(self, head: bytes, rest: io.BufferedReader) -> None:
+        self._head = memoryview(head)
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        if self._head:
+            n = min(len(b), len(self._head))
+            b[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        return self._rest.readinto1(b)
+
+    def close(self) -> None:
+        self._rest.close()  # the connection's own reader: its file reference keeps the socket open
+        super().close()
 
 
 class MetricsServer(WSGIServer):
@@ -182,11 +302,15 @@ class MetricsServer(WSGIServer):
         if web is not None:
             app = with_headers(BasicAuth(app, web.users) if web.users else app, web.headers)
         super().__init__(sockaddr, _Handler)
-        self.set_app(app)
+        self.set_app(without_body_for_head(app))
         self._connections = threading.Semaphore(MAX_CONNECTIONS)  # open connections, waiting or served
-        self._ready: queue.SimpleQueue[tuple[socket.socket, object] | None] = queue.SimpleQueue()
-        self._gate = Gate(lambda conn, addr: self._ready.put((conn, addr)), self._close_waiting, idle_timeout,
-                          tls=self._tls is not None)
+        self._ready: queue.SimpleQueue[tuple[socket.socket, object, bytes] | None] = queue.SimpleQueue()
+        tls = None
+        if self._tls is not None:
+            tls = TlsAccept(self._tls.current, lambda conn: san_allowed(conn.getpeercert(), self._allowed_sans),
+                            self._tls_refused)
+        self._gate = Gate(lambda conn, addr, head: self._ready.put((conn, addr, head)), self._close_waiting,
+                          idle_timeout, tls)
         self._workers = [threading.Thread(target=self._work, name=f"http-worker-{i}", daemon=True)
                          for i in range(workers)]
         self._stopping = threading.Event()
@@ -241,16 +365,13 @@ class MetricsServer(WSGIServer):
         while (item := self._ready.get()) is not None:
             self._serve_one(*item)
 
-    def _serve_one(self, conn: socket.socket, client_address) -> None:
+    def _serve_one(self, conn: socket.socket, client_address, head: bytes) -> None:
         fd = conn.fileno()
         with self._open_lock:
             self._open[fd] = time.monotonic() + self.deadline
         try:
             conn.settimeout(self.idle_timeout)
-            if self._tls is not None:
-                conn = self._handshake(conn)
-            if conn is not None:
-                self.finish_request(conn, client_address)
+            _Handler(conn, client_address, self, head)
         except (OSError, ValueError):
             pass  # a timeout, a reset, a connection past its deadline: the client's loss only
         except Exception:  # pragma: no cover - a bug in a handler must cost one request, not the server
@@ -258,24 +379,12 @@ class MetricsServer(WSGIServer):
         finally:
             with self._open_lock:
                 self._open.pop(fd, None)
-                if conn is not None:
-                    self.shutdown_request(conn)
+                self.shutdown_request(conn)
             self._connections.release()
 
-    def _handshake(self, conn: socket.socket) -> ssl.SSLSocket | None:
-        assert self._tls is not None
-        try:
-            tls = self._tls.current().wrap_socket(conn, server_side=True)
-        except (ssl.SSLError, OSError) as e:
-            self.tls_failures += 1
-            log.debug("TLS handshake failed: %s", e)
-            conn.close()
-            return None
-        if not san_allowed(tls.getpeercert(), self._allowed_sans):
-            self.tls_failures += 1
-            tls.close()
-            return None
-        return tls
+    def _tls_refused(self, why: str) -> None:
+        self.tls_failures += 1  # only the gate's thread counts
+        log.debug("TLS handshake refused: %s", why)
 
     def _reap(self) -> None:
         """Ends the connections past their deadline: shutting the socket down wakes the worker blocked on it."""

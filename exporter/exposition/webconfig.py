@@ -25,8 +25,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from exporter.config import ConfigError
 
 TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
@@ -44,7 +42,8 @@ TLS_KEYS = {"cert_file", "key_file", "client_ca_file", "client_auth_type", "min_
             "client_allowed_sans", "prefer_server_cipher_suites", "cert", "key", "client_ca", "cipher_suites",
             "curve_preferences"}
 UNSUPPORTED = {
-    "rate_limit": "not supported by posttrain-exporter (the server's worker pool already bounds its load); remove it",
+    "rate_limit": "not supported (wrong passwords are limited per address and the server's workers bound its load; "
+                  "see the README's Security section); remove it",
     "tls_server_config.cert": "inline PEM is not supported; put the certificate in a file and name it in cert_file",
     "tls_server_config.key": "inline PEM is not supported; put the key in a file and name it in key_file",
     "tls_server_config.cipher_suites": "Go cipher-suite names are not supported; remove it (OpenSSL's defaults "
@@ -80,16 +79,13 @@ def load_web_config(path: str | None) -> WebConfig | None:
     """The validated web config at `path` (None without one). Raises ConfigError naming the field to fix."""
     if path is None:
         return None
-    where = f"web config {path}"
+    from exporter.yamlfile import YamlFileError, read_yaml
+
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
-    except OSError as e:
-        raise ConfigError(f"cannot read {where}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{where} is not valid YAML{at}: {getattr(e, 'problem', None) or 'syntax error'}") from None
+        raw = read_yaml(path, "web config")
+    except YamlFileError as e:
+        raise ConfigError(str(e)) from None
+    where = f"web config {path}"
     return parse_web_config(raw if raw is not None else {}, os.path.dirname(os.path.abspath(path)), where)
 
 
