@@ -29,7 +29,8 @@ class GpuSourceCollector(Collector):
     said it runs on GPUs (the GPU feed's header)."""
 
     def __init__(self, source: str, expected: bool, active: Callable[[], bool] | None = None,
-                 assigned: Callable[[], bool] | None = None, trainer_has_gpus: Callable[[], bool] | None = None) -> None:
+                 assigned: Callable[[], bool] | None = None,
+                 trainer_has_gpus: Callable[[], bool] | None = None) -> None:
         if source not in GPU_SOURCES:
             raise ValueError(f"gpu source must be one of {', '.join(GPU_SOURCES)}, got {source!r}")
         self.source, self.expected = source, expected
