@@ -328,6 +328,55 @@ def test_the_phase_from_dcgm_equals_the_sidecars_on_the_same_samples(stack) -> N
     assert {("generation", "band"), ("training", "band"), ("idle", "clear"), ("generation", "clear")} <= seen
 
 
+# One sample per second through the recording rules in promtool (Prometheus's own rule engine, evaluated at exact
+# steps): the trace above, and samples where Prometheus's quantile and a nearest-rank one call different phases.
+EXACT_TRACE = [(u, w) for u, w, n in TRACES[("0", "GPU-6c1f0a52-2d1e-4b7a-9f3e-0a1b2c3d4e01")] for _ in range(n)] + \
+    [(100, w) for w in (320, 400, 150, 260, 400, 300, 200, 300)]
+
+
+def _phases(samples: list[tuple[int, float]], nearest_rank: bool = False) -> list[str]:
+    tracker = PhaseTracker(PhaseConfig(reference_window_seconds=20_000, ratio_window_seconds=20_000,
+                                       max_gap_seconds=1e9), 1000)
+    if nearest_rank:  # the quantile PhaseTracker had before: a value of the window, no interpolation
+        import math
+
+        def reference(now: float, t: PhaseTracker = tracker) -> float | None:
+            while t._ref_times and t._ref_times[0][0] < now - 20_000:
+                t._drop_oldest_reference()
+            ordered = t._ref_sorted
+            return ordered[max(math.ceil(0.9 * len(ordered)) - 1, 0)] if ordered else None
+
+        tracker._reference = reference  # type: ignore[method-assign]
+    return [tracker.update(1000.0 * i, u / 100, w).phase for i, (u, w) in enumerate(samples)]
+
+
+def test_the_dcgm_phase_rules_agree_with_phase_tracker_at_every_step(tmp_path) -> None:
+    promtool = require_binary("promtool")
+    want = _phases(EXACT_TRACE)
+    assert want != _phases(EXACT_TRACE, nearest_rank=True)  # the trace tells the quantiles apart
+    (tmp_path / "recording.yml").write_text(render(recording_groups(RulesSettings(scale=SCALE))))
+    dcgm = (f'{{gpu="0", UUID="GPU-x", modelName="{MODEL}", Hostname="n1", container="trainer", '
+            'namespace="gpu-operator", pod="nvidia-dcgm-exporter-1", exported_namespace="ml", exported_pod="p-0"}')
+    sidecar = '{namespace="ml", pod="p-0", instance="10.0.0.1:9847", job="posttrain"}'
+    series = [("DCGM_FI_DEV_GPU_UTIL" + dcgm, " ".join(str(u) for u, _ in EXACT_TRACE)),
+              ("DCGM_FI_DEV_POWER_USAGE" + dcgm, " ".join(str(w) for _, w in EXACT_TRACE)),
+              ('posttrain_gpu_source_configured{source="dcgm", ' + sidecar[1:], f"1x{len(EXACT_TRACE)}"),
+              ('posttrain_run_finished{run="p", ' + sidecar[1:], f"0x{len(EXACT_TRACE)}")]
+    labels = ('{{phase="{p}", gpu="0", UUID="GPU-x", model_name="' + MODEL + '", namespace="ml", pod="p-0", '
+              'instance="10.0.0.1:9847", job="posttrain"}}')
+    tests = [{"expr": "posttrain_gpu_phase == 1", "eval_time": f"{i}s",
+              "exp_samples": [{"labels": "posttrain_gpu_phase" + labels.format(p=phase), "value": 1}]}
+             for i, phase in enumerate(want)]
+    (tmp_path / "phase.test.yml").write_text(yaml.safe_dump({
+        "rule_files": ["recording.yml"], "evaluation_interval": "1s",
+        "group_eval_order": ["posttrain.recording", "posttrain.gpu"],
+        "tests": [{"interval": "1s", "input_series": [{"series": n, "values": v} for n, v in series],
+                   "promql_expr_test": tests}]}, width=1000))
+    r = subprocess.run([promtool, "test", "rules", str(tmp_path / "phase.test.yml")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+
+
 def test_the_gpu_board_reads_the_dcgm_series_for_the_example_run(stack) -> None:
     s, _ = stack
     board = load_boards()["gpu"]
