@@ -492,3 +492,16 @@ def test_the_gpu_feed_reader_counts_bad_lines_and_drops_stale_samples(tmp_path) 
     with path.open("a") as f:
         f.write(json.dumps({**good, "t": 1101.0})[20:] + "\n")
     assert reader.poll_once().gpus[0].power_watts == 300.0
+
+
+def test_a_wrong_gpu_source_stops_the_exporter_at_start_saying_what_to_fix() -> None:
+    from exporter.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match=r"gpu\.source.*dcgm, feed, nvml"):
+        parse_config({"gpu": {"source": "dcgm-exporter"}})
+    with pytest.raises(ConfigError, match=r"gpu\.feed_file"):
+        parse_config({"gpu": {"source": "feed"}})
+    with pytest.raises(ConfigError, match=r"gpu\.expected"):
+        parse_config({"gpu": {"expected": "yes"}})
+    cfg = parse_config({"gpu": {"source": "feed", "feed_file": "/logs/gpu-samples.jsonl", "expected": True}})
+    assert (cfg.gpu.source, cfg.gpu.feed_file, cfg.gpu.expected) == ("feed", "/logs/gpu-samples.jsonl", True)
