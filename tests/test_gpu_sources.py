@@ -505,3 +505,28 @@ def test_a_wrong_gpu_source_stops_the_exporter_at_start_saying_what_to_fix() -> 
         parse_config({"gpu": {"expected": "yes"}})
     cfg = parse_config({"gpu": {"source": "feed", "feed_file": "/logs/gpu-samples.jsonl", "expected": True}})
     assert (cfg.gpu.source, cfg.gpu.feed_file, cfg.gpu.expected) == ("feed", "/logs/gpu-samples.jsonl", True)
+
+
+def test_the_chart_passes_the_gpu_source_to_the_exporter_and_refuses_an_unknown_one(tmp_path) -> None:
+    try:
+        import helm_python
+    except ImportError:
+        if IN_CI:
+            pytest.fail("helm-python-sdk is not installed; the Helm tests never skip in CI")
+        pytest.skip("helm-python-sdk is not installed")
+    from exporter.config import parse_config
+
+    with helm_python.Chart.load(REPO / "helm" / "posttrain-exporter") as chart:
+        out = chart.render(values={"gpu": {"source": "feed", "expected": True}}, name="demo", namespace="ml")
+        cm = yaml.safe_load(out["posttrain-exporter/templates/configmap.yaml"])
+        gpu = yaml.safe_load(cm["data"]["config.yaml"])["gpu"]
+        assert gpu == {"source": "feed", "expected": True, "feed_file": "/logs/gpu-samples.jsonl"}
+        assert parse_config({"gpu": gpu}).gpu.source == "feed"
+        # the user's config.gpu keeps what it sets
+        out = chart.render(values={"config": {"gpu": {"source": "nvml", "interval_seconds": 2}}}, name="d",
+                           namespace="ml")
+        cm = yaml.safe_load(out["posttrain-exporter/templates/configmap.yaml"])
+        assert yaml.safe_load(cm["data"]["config.yaml"])["gpu"] == {"source": "nvml", "interval_seconds": 2,
+                                                                     "expected": False}
+        with pytest.raises(Exception, match="source"):
+            chart.render(values={"gpu": {"source": "dcgm-exporter"}}, name="demo", namespace="ml")
