@@ -24,7 +24,7 @@ from exporter.app import Exporter
 from exporter.config import DEFAULT_LISTEN, Config, ConfigError, LogSpec, default_run_name, load_config
 from exporter.config import parse_listen_address as _parse_listen
 from exporter.exposition.collector import ExporterCollector
-from exporter.gpu import GpuCollector, GpuSampler
+from exporter.gpu.service import GpuService
 from exporter.parsers.chain import known_formats
 from exporter.report import FAIL_ON
 from exporter.report import FORMATS as REPORT_FORMATS
@@ -343,21 +343,22 @@ def _names_from_folders(paths: list[str], taken: set[str]) -> list[str]:
     return names
 
 
-def _registry(exporter: Exporter, with_process: bool, gpu: GpuSampler | None = None) -> CollectorRegistry:
+def _registry(exporter: Exporter, with_process: bool, gpu: GpuService | None = None) -> CollectorRegistry:
     from prometheus_client.process_collector import ProcessCollector
     reg = CollectorRegistry(auto_describe=False)
     reg.register(ExporterCollector(exporter))
-    if gpu is not None:
-        reg.register(GpuCollector(gpu))
+    for collector in gpu.collectors() if gpu is not None else ():
+        reg.register(collector)
     if with_process:
         ProcessCollector(registry=reg)  # CPU and memory of the sidecar itself, for sizing
     return reg
 
 
-def _gpu_sampler(cfg: Config, disabled: bool) -> GpuSampler | None:
+def _gpu_sampler(cfg: Config, disabled: bool) -> GpuService | None:
     if disabled or not cfg.gpu.enabled:
         return None
-    return GpuSampler(config=cfg.gpu.sampler)
+    g = cfg.gpu
+    return GpuService(g.source, g.sampler, g.expected, g.feed_file)
 
 
 def _readable(specs: list[LogSpec]) -> None:
@@ -397,7 +398,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     return run_report(cfg, specs, args.out_format, args.out, args.fail_on, args.runbook_base)
 
 
-def _serve(exporter: Exporter, listen: str, loop, gpu: GpuSampler | None = None, web: WebConfig | None = None) -> int:
+def _serve(exporter: Exporter, listen: str, loop, gpu: GpuService | None = None, web: WebConfig | None = None) -> int:
     from exporter.exposition.server import build_app, serve_http
     host, port, _ = _parse_listen(listen)
     try:

@@ -14,6 +14,7 @@ from typing import Any
 
 from exporter.detectors.catalog import BY_NAME as DETECTORS
 from exporter.gpu.sampler import SamplerConfig
+from exporter.gpu.sources import DEFAULT_SOURCE, GPU_SOURCES
 from exporter.instruments.keymap import INSTRUMENTS
 from exporter.instruments.settings import THRESHOLD_NAMES, DerivedSettings, DetectorSettings, Thresholds, WindowSpec
 from exporter.parsers.chain import known_formats
@@ -56,6 +57,11 @@ class GpuSettings:
 
     enabled: bool = True  # NVML absent is not an error: posttrain_gpu_nvml_up says 0
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    # where the GPU data come from (exporter/gpu/sources.py): nvml (this process), feed (the trainer's samples in
+    # feed_file), dcgm (dcgm-exporter, joined in Prometheus); expected: the run trains on GPUs (alert without data)
+    source: str = DEFAULT_SOURCE
+    expected: bool = False
+    feed_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -188,16 +194,21 @@ def parse_config(raw: Any) -> Config:
 
 def _gpu(raw: dict) -> GpuSettings:
     """gpu: {enabled, interval_seconds, visible_devices}; the rest of the sampler's settings keep their defaults."""
-    sec = _section(raw, "gpu", {"enabled", "interval_seconds", "visible_devices"})
+    sec = _section(raw, "gpu", {"enabled", "interval_seconds", "visible_devices", "source", "expected", "feed_file"})
     enabled = sec.get("enabled", True)
     _expect(isinstance(enabled, bool), "gpu.enabled", f"must be true or false, got {shown(enabled)}")
+    source, expected, feed_file = sec.get("source", DEFAULT_SOURCE), sec.get("expected", False), sec.get("feed_file")
+    _expect(source in GPU_SOURCES, "gpu.source", f"must be one of {', '.join(GPU_SOURCES)}, got {shown(source)}")
+    _expect(isinstance(expected, bool), "gpu.expected", f"must be true or false, got {shown(expected)}")
+    _expect(source != "feed" or (isinstance(feed_file, str) and bool(feed_file)), "gpu.feed_file",
+            "must name the trainer's GPU sample file (exporter/integrations/gpu_feed.py) when gpu.source is feed")
     devices = sec.get("visible_devices")
     _expect(devices is None or isinstance(devices, str | int), "gpu.visible_devices",
             "must be a string like '0,1' or 'GPU-<uuid>'")
     sampler = _into(SamplerConfig(), {k: sec[k] for k in sec if k == "interval_seconds"}, "gpu")
     if devices is not None:
         sampler = dataclasses.replace(sampler, visible_devices=str(devices))
-    return GpuSettings(enabled, sampler)
+    return GpuSettings(enabled, sampler, source, expected, feed_file)
 
 
 def _names(cls: type) -> set[str]:

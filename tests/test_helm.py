@@ -300,8 +300,11 @@ def test_config_configmap_is_a_config_the_exporter_accepts(chart):
     parse_config(loaded)  # raises ConfigError on a config the exporter would refuse at start
     (default_cm,) = [d for d in of_kind(render(chart), "ConfigMap") if d["metadata"]["name"] == FULLNAME]
     # The chart copies no default of the exporter's (a threshold's default changes in one place, the exporter):
-    # by default the config is empty and the exporter's own defaults apply.
-    assert parse_config(yaml.safe_load(default_cm["data"]["config.yaml"])) == parse_config({})
+    # by default the config is empty and the exporter's own defaults apply, but for where the GPU data come from
+    # (values.gpu: a pod's sidecar sees no GPU, so the chart's default source is dcgm, docs/gpu.md).
+    default = yaml.safe_load(default_cm["data"]["config.yaml"])
+    assert default.pop("gpu") == {"source": "dcgm", "expected": False}
+    assert parse_config(default) == parse_config({})
     assert not yaml.safe_load((CHART / "values.yaml").read_text())["config"]
 
 

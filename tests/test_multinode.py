@@ -109,6 +109,7 @@ def stack(tmp_path_factory):
                for pod, (ns, _, _) in PODS.items()]
     (tmp / "prometheus.yml").write_text(yaml.safe_dump({
         "global": {"scrape_interval": "500ms", "evaluation_interval": "500ms"},
+        "rule_files": [str(REPO / "rules" / "posttrain.recording.yml")],  # the GPU board's data source series
         "scrape_configs": [
             {"job_name": "posttrain", "static_configs": targets},
             {"job_name": "dcgm", "static_configs": [{"targets": [f"127.0.0.1:{dcgm.server_address[1]}"],
@@ -133,6 +134,7 @@ def stack(tmp_path_factory):
         procs.wait("Prometheus ready", lambda: http_ready(prom_port), 30)
         procs.wait("every target up", lambda: len(s.query("up == 1")) == len(PODS) + 1, 30)
         procs.wait("every GPU sampled", lambda: len(s.query("posttrain_gpu_phase_seconds_total")) >= 3 * 5, 30)
+        procs.wait("every pod's GPU source recorded", lambda: len(s.query("posttrain_gpu_data_source")) == 3, 30)
         procs.wait("both rank 0s read", lambda: len(s.query(f'posttrain_run_finished{{run="{RUN}"}} == 1')) == 2,
                    60)
         try:

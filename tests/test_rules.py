@@ -35,6 +35,7 @@ RUNBOOK_BASE = f"https://github.com/posttrain-exporter/posttrain-exporter/blob/v
 # Families of the GPU sampler (NVML), being added beside this work; the rules use them already.
 GPU_METRICS = {"posttrain_gpu_nvml_up", "posttrain_gpu_memory_used_bytes", "posttrain_gpu_memory_total_bytes"}
 GPU_METRICS |= {"posttrain_gpu_expected"}
+GPU_METRICS |= {"posttrain_gpu_source_configured", "posttrain_gpu_training_expected"}  # exporter/gpu/sources.py
 DETECTOR_ALERTS = {d.alert: d for d in DETECTORS}
 # Groups whose alerts judge a run's training: their descriptions name the run and its step.
 TRAINING_GROUPS = {"posttrain.pages", "posttrain.warnings"}
@@ -67,7 +68,8 @@ def _promtool(*args: str) -> subprocess.CompletedProcess:
 def test_promtool_check_rules() -> None:
     r = _promtool("check", "rules", *map(str, RULES))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert set(DETECTOR_ALERTS) <= set(ALERT_NAMES) and len(ALERT_NAMES) == len(DETECTORS) + 5
+    # the exporter's own alerts: 5, and PostTrainGPUDataMissing
+    assert set(DETECTOR_ALERTS) <= set(ALERT_NAMES) and len(ALERT_NAMES) == len(DETECTORS) + 6
 
 
 def test_generated_rules_are_up_to_date() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from exporter.detectors.catalog import DETECTORS, Detector
+from exporter.gpu.rules import dcgm_recording_rules, gpu_data_missing_alert
 from exporter.instruments.derived import threshold_key
 from exporter.runbooks import RUNBOOK_BASE
 
@@ -186,7 +187,7 @@ def alert_groups(s: RulesSettings | None = None) -> list[dict[str, Any]]:
     warnings = [detector_alert(d, s) for d in DETECTORS if d.severity == "warning"]
     return [{"name": name, "rules": [_with_runbook(a, s) for a in rules]}
             for name, rules in (("posttrain.pages", pages), ("posttrain.warnings", warnings),
-                                ("posttrain.exporter", exporter[1:]))]
+                                ("posttrain.exporter", [*exporter[1:], gpu_data_missing_alert(lambda x: _dur(x, s))]))]
 
 
 def recording_groups(s: RulesSettings | None = None) -> list[dict[str, Any]]:
@@ -197,7 +198,9 @@ def recording_groups(s: RulesSettings | None = None) -> list[dict[str, Any]]:
         "record": "run:posttrain_record_interval_seconds:avg6h",
         "expr": f"(\n  max_over_time(posttrain_exporter_last_record_timestamp_seconds[{_dur(21600, s)}])\n"
                 f"  - min_over_time(posttrain_exporter_last_record_timestamp_seconds[{_dur(21600, s)}])\n)\n"
-                f"/ clamp_min(changes(posttrain_exporter_last_record_timestamp_seconds[{_dur(21600, s)}]), 1)\n"}]}]
+                f"/ clamp_min(changes(posttrain_exporter_last_record_timestamp_seconds[{_dur(21600, s)}]), 1)\n"}]},
+            # the per-run GPU series from dcgm-exporter, and the GPU source of every run (exporter/gpu/rules.py)
+            {"name": "posttrain.gpu", "rules": dcgm_recording_rules(lambda x: _dur(x, s))}]
 
 
 class _Dumper(yaml.SafeDumper):

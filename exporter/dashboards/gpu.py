@@ -1,4 +1,4 @@
-"""The GPU board: NVML sampling of the training pods' GPUs (docs/gpu.md), every rank of a multi-node run."""
+"""The GPU board: the training pods' GPUs (docs/gpu.md) from whichever source a run has, every rank of a run."""
 
 from __future__ import annotations
 
@@ -43,15 +43,22 @@ GPU_PHASE_EXPR, GPU_PHASE_MAPPINGS = numbered_states(
 
 def gpu() -> dict:
     return dashboard("posttrain-gpu", "Post-training: GPU",
-                     "NVML sampling of the training pods' GPUs (docs/gpu.md): every pod of the selected runs, every "
-                     "rank of a multi-node run (each pod's exporter serves its own GPUs).", [
+                     "The training pods' GPUs (docs/gpu.md), from dcgm-exporter, the trainer's own NVML or the "
+                     "sidecar's: every pod of the selected runs, every rank of a multi-node run.", [
         row("Sampler", [
-            stat("NVML up", "1 when NVML is initialized and the last poll read the GPUs; 0 without a GPU, a "
-                 "driver or NVML (training metrics are unaffected).",
+            stat("NVML up", "1 when the NVML that reads the GPUs (the sidecar's, or the trainer's with gpu.source "
+                 "feed) is initialized and read them at its last poll; 0 without a GPU, a driver or NVML. Empty with "
+                 "gpu.source dcgm (no NVML of ours). Training metrics are unaffected.",
                  [t(_gpu("posttrain_gpu_nvml_up"), "{{run}} {{instance}}")], decimals=0,
-                 steps=[(None, "red"), (1, "green")], w=6),
+                 steps=[(None, "red"), (1, "green")], w=4),
+            stat("GPU data", "Where the GPU data of each exporter of the run come from (the legend): dcgm "
+                 "(dcgm-exporter, joined by namespace and pod in the recording rules), feed (the trainer's own NVML "
+                 "samples) or nvml (the sidecar's NVML); none shown: no source gives data (PostTrainGPUDataMissing "
+                 "when the run trains on GPUs). Training metrics are unaffected either way.",
+                 [t(series("posttrain_gpu_data_source"), "{{run}} {{instance}} {{source}}")], decimals=0,
+                 steps=[(None, "red"), (1, "green")], w=4),
             stat("GPUs sampled", "GPUs the sampler reads (after CUDA_VISIBLE_DEVICES).",
-                 [t(_gpu("posttrain_gpu_visible_devices"), "{{run}} {{instance}}")], decimals=0, w=6),
+                 [t(_gpu("posttrain_gpu_visible_devices"), "{{run}} {{instance}}")], decimals=0, w=4),
             state("Phase", "Generation (memory-bound, lower power) versus training (compute-bound), judged from "
                   "power against the GPU's own recent training level. RL should alternate; one phase for long "
                   "means a stage is starved.",

@@ -36,6 +36,9 @@ class GpuField:
     nvml_unit: str  # what NVML answers, for the docs
     dcgm: str  # the DCGM field of the same quantity (dcgm-exporter's DCGM_FI_* series)
     args: tuple[tuple[str, int], ...] = ()  # (nvml.h name, value) of each argument after the handle
+    # dcgm-exporter's unit -> the exported one, as PromQL (the recording rules of exporter/gpu/dcgm.py): the same
+    # float operation as `convert`, so that a value read through DCGM equals the one read through NVML
+    dcgm_scale: str = ""
 
 
 def _div(n: float) -> Callable[[Any], float]:
@@ -46,12 +49,13 @@ FIELDS: tuple[GpuField, ...] = (
     GpuField("utilization_ratio", "posttrain_gpu_utilization_ratio", "gauge",
              "Share of the last sample period (NVML: 1/6 s to 1 s) during which a kernel ran on the GPU.",
              "utilization", "nvmlDeviceGetUtilizationRates", lambda u: u.gpu / 100.0, "percent, `.gpu`",
-             "DCGM_FI_DEV_GPU_UTIL"),
+             "DCGM_FI_DEV_GPU_UTIL", dcgm_scale=" / 100"),
     GpuField("memory_used_bytes", "posttrain_gpu_memory_used_bytes", "gauge", "GPU memory in use (all processes).",
-             "memory", "nvmlDeviceGetMemoryInfo", lambda m: float(m.used), "bytes, `.used`", "DCGM_FI_DEV_FB_USED"),
+             "memory", "nvmlDeviceGetMemoryInfo", lambda m: float(m.used), "bytes, `.used`", "DCGM_FI_DEV_FB_USED",
+             dcgm_scale=" * 1048576"),
     GpuField("memory_total_bytes", "posttrain_gpu_memory_total_bytes", "gauge", "GPU memory installed.",
              "memory", "nvmlDeviceGetMemoryInfo", lambda m: float(m.total), "bytes, `.total`",
-             "DCGM_FI_DEV_FB_TOTAL"),
+             "DCGM_FI_DEV_FB_TOTAL", dcgm_scale=" * 1048576"),
     GpuField("power_watts", "posttrain_gpu_power_watts", "gauge", "Board power draw.",
              "power", "nvmlDeviceGetPowerUsage", _div(1000.0), "milliwatts", "DCGM_FI_DEV_POWER_USAGE"),
     GpuField("power_limit_watts", "posttrain_gpu_power_limit_watts", "gauge", "Power limit the driver enforces.",
@@ -62,11 +66,11 @@ FIELDS: tuple[GpuField, ...] = (
              (("NVML_TEMPERATURE_GPU", NVML_TEMPERATURE_GPU),)),
     GpuField("sm_clock_hertz", "posttrain_gpu_sm_clock_hertz", "gauge", "Current SM clock.",
              "sm_clock", "nvmlDeviceGetClockInfo", lambda mhz: mhz * 1e6, "MHz", "DCGM_FI_DEV_SM_CLOCK",
-             (("NVML_CLOCK_SM", NVML_CLOCK_SM),)),
+             (("NVML_CLOCK_SM", NVML_CLOCK_SM),), dcgm_scale=" * 1e6"),
     GpuField("energy_joules", "posttrain_gpu_energy_joules", "counter",
              "Energy consumed since the driver was loaded (Volta and later).",
              "energy", "nvmlDeviceGetTotalEnergyConsumption", _div(1000.0), "millijoules",
-             "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"),
+             "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", dcgm_scale=" / 1000"),
 )
 
 

@@ -13,8 +13,11 @@ The rule, evaluated on every poll of one GPU (utilization u as a ratio, power p 
    Idle samples never enter the reference below.
 2. Otherwise the sample is busy and p joins the reference window. The reference R is the
    reference_quantile (default 0.9) of the busy power samples of the last
-   reference_window_seconds (default 600 s): the recent high power level, which is training's
-   level once the window has seen a training phase. `reference_watts` pins R instead.
+   reference_window_seconds (default 600 s, both ends included): the recent high power level, which is
+   training's level once the window has seen a training phase. `reference_watts` pins R instead.
+   The quantile is Prometheus's (`quantile_over_time`: linear between the two nearest ranks), so that the
+   recording rules that derive the phase from dcgm-exporter's samples (exporter/gpu/dcgm.py) reach the
+   same phase from the same samples.
 3. p >= training_power_ratio * R (default 0.80)                  -> training
    p <= generation_power_ratio * R (default 0.70)                -> generation
    in between (hysteresis band)                                  -> the last busy phase
@@ -68,6 +71,19 @@ class PhaseConfig:
         for name in ("reference_window_seconds", "ratio_window_seconds", "max_gap_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
+
+
+def prometheus_quantile(q: float, ordered: list[float]) -> float | None:
+    """The q-quantile of sorted values as PromQL's quantile_over_time computes it (promql/quantile.go: rank
+    q*(n-1), linear between its floor and the next value), float operation for float operation."""
+    n = len(ordered)
+    if n == 0:
+        return None
+    rank = q * (n - 1)
+    lower = max(0.0, math.floor(rank))
+    upper = min(n - 1.0, lower + 1)
+    weight = rank - math.floor(rank)
+    return ordered[int(lower)] * (1 - weight) + ordered[int(upper)] * weight
 
 
 class PhaseReading(NamedTuple):
@@ -131,10 +147,7 @@ class PhaseTracker:
         horizon = t - self.cfg.reference_window_seconds
         while self._ref_times and self._ref_times[0][0] < horizon:
             self._drop_oldest_reference()
-        n = len(self._ref_sorted)
-        if n == 0:
-            return None
-        return self._ref_sorted[max(math.ceil(self.cfg.reference_quantile * n) - 1, 0)]
+        return prometheus_quantile(self.cfg.reference_quantile, self._ref_sorted)
 
     def _account(self, t: float, dt: float, phase: int) -> None:
         self._totals[phase] += dt

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from exporter.integrations.feed import STEP_KEY, FeedWriter
+from exporter.integrations.gpu_feed import GpuFeedWriter
 from exporter.integrations.stopwatch import SEVERITY_LEVELS, StopFileWatch, StopNotice, VerdictPoller
 
 log = logging.getLogger(__name__)
@@ -66,12 +67,16 @@ class ExporterFeedCallback(TrainerCallback):
     run: only a signal for this run counts (the exporter's run label); default: any.
     stop_severity: with verdict_url, the lowest severity that stops: critical (pages, default) or warning (the
         stop file's severity is the exporter's early_stop.severity).
+    gpu_feed: a file the trainer's GPUs are sampled into through NVML every `gpu_interval_seconds` (at least 0.5 s),
+        by each node's main process, for a sidecar configured `gpu.source: feed` (gpu_feed.py).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, stop_file: str | os.PathLike[str] | None = None,
                  verdict_url: str | None = None, run: str | None = None, stop_severity: str = "critical",
                  verdict_interval_seconds: float = 2.0, verdict_auth: tuple[str, str] | None = None,
-                 verdict_cafile: str | None = None) -> None:
+                 verdict_cafile: str | None = None,
+                 gpu_feed: str | os.PathLike[str] | None = None, gpu_interval_seconds: float = 1.0,
+                 gpu_nvml: Any = None) -> None:
         if stop_severity not in SEVERITY_LEVELS:  # a mistake in the training script: said before training starts
             raise ValueError(f"stop_severity must be one of {', '.join(SEVERITY_LEVELS)}, got {stop_severity!r}")
         self.writer = FeedWriter(path)
@@ -81,6 +86,8 @@ class ExporterFeedCallback(TrainerCallback):
         self.stopped: StopNotice | None = None  # why this callback stopped the training
         self._checked_step = -1
         self._failed_hooks: set[str] = set()
+        # gpu_feed: the trainer's GPUs sampled into this file for the sidecar (gpu.source: feed; gpu_feed.py)
+        self.gpu_feed = GpuFeedWriter(gpu_feed, gpu_interval_seconds, nvml=gpu_nvml) if gpu_feed is not None else None
 
     # --- hooks --------------------------------------------------------------------------------------------
 
@@ -92,6 +99,8 @@ class ExporterFeedCallback(TrainerCallback):
             self.stop_file.start()
         if self.verdict is not None and state.is_world_process_zero:
             self.verdict.start()
+        if self.gpu_feed is not None and state.is_local_process_zero:  # one writer per node, for its GPUs
+            self.gpu_feed.start()
 
     @_never_raises
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -121,6 +130,8 @@ class ExporterFeedCallback(TrainerCallback):
         self.writer.close()
         if self.verdict is not None:
             self.verdict.stop()
+        if self.gpu_feed is not None:
+            self.gpu_feed.stop()
 
     # --- helpers ------------------------------------------------------------------------------------------
 
