@@ -6,9 +6,9 @@ The file holds the run, the training it is about (its identity, when the run's f
 only a stop for its own training), its step, the findings that raised it and a one-line reason. It is written
 atomically (a temporary file in the same folder, renamed over it), so a reader sees the whole of it or nothing;
 written again when another finding joins, or one that had cleared comes back (each write is counted); and it stays
-after the findings clear: it is the record of a stop, removed by whoever starts the next training (the callback ignores a
-file that was there before it started, or that names another training). A finished run raises no signal: there is
-no trainer left to stop, and an exporter started on an old log must not write a stop for it."""
+after the findings clear: it is the record of a stop, removed by whoever starts the next training (the callback
+ignores a file that was there before it started, or that names another training). A finished run raises no
+signal: there is no trainer left to stop, and an exporter started on an old log must not write a stop for it."""
 
 from __future__ import annotations
 
@@ -93,8 +93,8 @@ def stop_document(run: RunState, found: list[ActiveFinding]) -> dict[str, Any]:
     where = f" [{first.component}]" if first.component else ""
     reason = (f"{first.alert}{where} ({first.severity}) at step {run.step}, held since step {first.since_step}: "
               f"{first.summary}{more}")
-    return {"run": run.name, "training": training_of(run), "step": run.step, "alerts": [f.as_json() for f in found], "reason": reason,
-            "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    return {"run": run.name, "training": training_of(run), "step": run.step, "alerts": [f.as_json() for f in found],
+            "reason": reason, "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "exporter": f"posttrain-exporter {__version__}"}
 
 

@@ -1,8 +1,9 @@
 """The trainer's side of the exact feed: each logged record as one JSON line, `{"step": N, ...numbers...}`, the
 format the exporter reads with the record's own step (exporter/parsers/jsonl.py), so no step is guessed from a
-progress bar. Each training begins with a line that says which training the records after it belong to
-(exporter/parsers/training.py): a feed appended to by a new training never lends it an earlier one's records. Numbers only (a NaN or an infinity as Python's json writes them, which the exporter reads);
-each line is flushed as it is written.
+progress bar. Numbers only (a NaN or an infinity as Python's json writes them, which the exporter reads); each
+line is flushed as it is written. Each training begins with a line that says which training the records after it
+belong to (exporter/parsers/training.py): a feed appended to by a new training never lends it an earlier one's
+records.
 
 It never raises: the trainer matters more than its metrics. A failed write is logged once, the file is closed
 and opened again at the next record; the records lost meanwhile are counted and said when writing works again."""
