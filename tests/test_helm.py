@@ -317,9 +317,11 @@ def test_fallback_wrapper_stops_the_exporter_when_the_trainer_is_done(rendered, 
     bindir.mkdir()
     (bindir / "posttrain-exporter").symlink_to(Path(sys.executable).parent / "posttrain-exporter")
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "DONE_FILE": str(done), "DONE_GRACE_SECONDS": "1"}
-    # its own process group: on failure the wrapper and the exporter it started are killed together
-    proc = subprocess.Popen([*side["command"], *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    # its own process group: on failure the wrapper and the exporter it started are killed together; its own PID
+    # namespace where the tools allow (a pod without shareProcessNamespace: the wrapper is PID 1 and sees no trainer)
+    own = ["unshare", "--pid", "--fork", "--mount-proc"] if os.geteuid() == 0 and shutil.which("unshare") else []
+    proc = subprocess.Popen([*own, *side["command"], *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline, body = time.monotonic() + 20, ""
         while time.monotonic() < deadline and "posttrain_loss{" not in body:  # not posttrain_loss_sign_flips
