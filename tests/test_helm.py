@@ -355,12 +355,13 @@ def _pod_namespace():
         pytest.skip(msg)
     pause = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sleep", "600"], start_new_session=True)
     try:
-        deadline, pid1 = time.monotonic() + 10, ""
-        while time.monotonic() < deadline and not pid1:
-            with contextlib.suppress(OSError):
-                pid1 = Path(f"/proc/{pause.pid}/task/{pause.pid}/children").read_text().split()[0]
+        deadline, pid1, ready = time.monotonic() + 10, "", False
+        while time.monotonic() < deadline and not ready:
+            with contextlib.suppress(OSError):  # empty until unshare has forked; sleep runs once /proc is mounted
+                pid1 = Path(f"/proc/{pause.pid}/task/{pause.pid}/children").read_text().strip()
+                ready = bool(pid1) and Path(f"/proc/{pid1}/cmdline").read_bytes().startswith(b"sleep\0")
             time.sleep(0.05)
-        assert pid1, "the pod's namespace did not start"
+        assert ready, "the pod's namespace did not start"
         yield pid1
     finally:
         os.killpg(pause.pid, signal.SIGKILL)
