@@ -181,15 +181,14 @@ class RunState:
         findings and the stop signal) start empty; counters stay, and count it as a history reset. One resumed
         from a checkpoint at step N keeps the history up to N, as a log whose step goes back does, and no finding
         that began after N."""
-        if training.step == 0:
-            if self.step >= 0 or self._pending:
-                self.resets += 1
+        if training.step == 0 and (self.step >= 0 or self._pending or self.series or self.passthrough):
+            self.resets += 1
             self._pending = []
             self.series, self.passthrough = {}, {}
             self._new_judgment()
             self._plans, self._admitted = {}, set()
             self.step = -1
-        else:
+        elif training.step > 0:
             self._apply()
             if training.step < self.step:
                 self._rewind(training.step)
