@@ -241,6 +241,8 @@ def test_a_stopped_runs_folder_feed_and_exporter_stop_only_the_training_that_ear
 
     stopped, _ = _stopped_at(third)
     page = _kl_page(feed)  # report of the feed judges its latest training
+    print(f"first blow-up stopped at step {first_stopped}; healthy ran {healthy_state['global_step']} steps; "
+          f"second blow-up: KL page at step {page['first_step']}, stopped at step {stopped}")  # pytest -s shows it
     assert page["first_step"] <= stopped <= page["first_step"] + PAGE_TO_STOP_STEPS, (page, stopped, first_stopped)
     assert third_state["global_step"] == stopped
     stop = json.loads(stop_file.read_text())
