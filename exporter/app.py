@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from exporter.config import Config, EarlyStopSettings, LogSpec
 from exporter.instruments.keymap import KeyMap
+from exporter.launch import ConsoleBesideFeed, Launch, MaybeFeed
 from exporter.parsers.chain import LineParserChain
 from exporter.pipeline import ConsoleStream, IngestStats
 from exporter.runstate import RunState
@@ -26,8 +27,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 class Exporter:
-    def __init__(self, cfg: Config, specs: Iterable[LogSpec]) -> None:
+    def __init__(self, cfg: Config, specs: Iterable[LogSpec], launch: Launch | None = None) -> None:
         self.cfg = cfg
+        self.launch = launch  # `run`: the trainer it started, whose feed joins its console's run (launch.py)
         self.lock = threading.Lock()
         self.keymap = KeyMap(cfg.aliases)
         self.runs: dict[str, RunState] = {}
@@ -61,7 +63,14 @@ class Exporter:
 
     def _console(self, spec: LogSpec) -> ConsoleStream:
         """The path from text to the run for a console log: framing, the parsers the format allows, steps."""
-        return ConsoleStream(self.run_state(spec.run), self.stats[spec.run],
+        run = sink = self.run_state(spec.run)
+        if self.launch is not None:
+            launch = self.launch
+            if spec.path == "-" and spec.run == launch.run:  # the trainer's own output
+                sink = ConsoleBesideFeed(run, launch)
+            else:
+                sink = MaybeFeed(run, lambda: self.run_state(launch.run), launch, self._merged)
+        return ConsoleStream(sink, self.stats[spec.run],  # type: ignore[arg-type]  (a RunState to the stream)
                              LineParserChain(spec.format, self.cfg.formats), self.cfg.limits.max_line_length)
 
     def _reader(self, spec: LogSpec) -> Source | None:
@@ -79,6 +88,11 @@ class Exporter:
         if spec.path == "-":
             return StreamInput(spec, self._console(spec), StdinReader())
         return FileInput(spec, self._console(spec))
+
+    def _merged(self, run: RunState) -> None:
+        """A log of `run` turned out to be its trainer's feed: the log's own run (earlier trainings only) goes."""
+        if self.runs.get(run.name) is run:
+            del self.runs[run.name], self.stats[run.name]
 
     def _kubernetes(self, spec: LogSpec) -> Source:
         """k8s://: bad paths, a missing POD_NAMESPACE/POD_NAME, package or credentials stop the start here."""

@@ -25,7 +25,9 @@ from exporter.config import DEFAULT_LISTEN, Config, ConfigError, LogSpec, defaul
 from exporter.config import parse_listen_address as _parse_listen
 from exporter.exposition.collector import ExporterCollector
 from exporter.gpu.service import GpuService
+from exporter.launch import Launch
 from exporter.parsers.chain import known_formats
+from exporter.parsers.training import LAUNCH_ENV
 from exporter.report import FAIL_ON
 from exporter.report import FORMATS as REPORT_FORMATS
 from exporter.runbooks import RUNBOOK_BASE
@@ -490,11 +492,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     specs = _specs(cfg, args.logs, None, args.format, child=child_spec)
     listen = args.listen_address or cfg.listen_address
     _parse_listen(listen)
-    exporter = Exporter(cfg, specs[1:])
+    launch = Launch(child_spec.run)  # a feed the trainer writes beside its console joins its run (launch.py)
+    exporter = Exporter(cfg, specs[1:], launch)
     exporter.stop_signal = _stop_signal(cfg)
     exporter.run_state(child_spec.run)  # scraped from the start, before the trainer is
 
     def loop(stop: threading.Event) -> int:
+        os.environ[LAUNCH_ENV] = launch.token  # the trainer's, for its TRL callback
         try:  # started once the address is bound: a port taken or a bad web config never starts the trainer
             child = ChildOutput(args.child)
         except OSError as e:

@@ -20,6 +20,7 @@ from exporter.instruments.keymap import INSTRUMENTS, KeyMap
 from exporter.instruments.series import Series
 from exporter.instruments.settings import DerivedSettings
 from exporter.parsers.record import Record, RecordKind
+from exporter.parsers.training import Training, TrainingStart
 from exporter.parsers.values import MAX_STEP
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class RunState:
     keys_dropped: Counter[str] = field(default_factory=Counter)  # values of keys not exported, by reason
     values_skipped: Counter[str] = field(default_factory=Counter)  # by reason
     resets: int = 0
+    training: Training | None = None  # the training the run is about, when its feed says (parsers/training.py)
     nonfinite: Counter[SeriesKey] = field(default_factory=Counter)  # NaN/inf values, by series
     derived: DerivedState = field(init=False)
     detectors: DetectorSet = field(init=False)
@@ -74,6 +76,9 @@ class RunState:
     _warned: set[str] = field(init=False, default_factory=set, repr=False)  # reasons already logged
 
     def __post_init__(self) -> None:
+        self._new_judgment()
+
+    def _new_judgment(self) -> None:
         self.derived = DerivedState(self.settings, {n: i.label for n, i in INSTRUMENTS.items()})
         self.detectors = DetectorSet(self.settings)
 
@@ -81,6 +86,10 @@ class RunState:
         """Counters at once; the record's values wait in a batch that is applied when it is full or
         before the state is read (refresh)."""
         assert rec.step is not None, "records reach a run with a step"
+        if rec.kind is RecordKind.TRAINING:
+            assert isinstance(rec, TrainingStart)
+            self.begin_training(rec.training)
+            return
         if not 0 <= rec.step <= MAX_STEP:  # the parsers check steps; this guards the int64 history
             self.values_skipped["step_out_of_range"] += len(rec.numbers)
             self._warn_once("step_out_of_range", f"dropped a record at step {rec.step}, which the history cannot "
@@ -165,6 +174,30 @@ class RunState:
         self.records[RecordKind.TRAIN] += n
         self.last_record_time = time.time()
         return True
+
+    def begin_training(self, training: Training) -> None:
+        """A training starts (its feed says so) and the run is about it from here. A fresh one (step 0) inherits
+        nothing of an earlier one in the same log: history, pass-through values, derived state and detectors (so
+        findings and the stop signal) start empty; counters stay, and count it as a history reset. One resumed
+        from a checkpoint at step N keeps the history up to N, as a log whose step goes back does, and no finding
+        that began after N."""
+        if training.step == 0 and (self.step >= 0 or self._pending or self.series or self.passthrough):
+            self.resets += 1
+            self._pending = []
+            self.series, self.passthrough = {}, {}
+            self._new_judgment()
+            self._plans, self._admitted = {}, set()
+            self.step = -1
+        elif training.step > 0:
+            self._apply()
+            if training.step < self.step:
+                self._rewind(training.step)
+            for state in self.detectors.states.values():
+                kept = [e for e in state.episodes if e.start <= training.step]
+                state.episodes.clear()
+                state.episodes.extend(kept)
+        self.finished = False
+        self.training = training
 
     def refresh(self) -> None:
         """Bring everything up to date before it is read (a scrape, the end of dump): the waiting

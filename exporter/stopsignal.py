@@ -2,11 +2,13 @@
 `early_stop.severity` (a page, by default), a small JSON file on the volume the trainer shares says so, and the
 trainer's callback (exporter/integrations/trl.py) stops the training on it.
 
-The file holds the run, its step, the findings that raised it and a one-line reason. It is written atomically
-(a temporary file in the same folder, renamed over it), so a reader sees the whole of it or nothing; written again
-when another finding joins, or one that had cleared comes back (each write is counted); and it stays after the
-findings clear: it is the record of a stop, removed by whoever starts the next training (the callback ignores a
-file that was there before it started)."""
+The file holds the run, the training it is about (its identity, when the run's feed says: the callback obeys
+only a stop for its own training), its step, the findings that raised it and a one-line reason. It is written
+atomically (a temporary file in the same folder, renamed over it), so a reader sees the whole of it or nothing;
+written again when another finding joins, or one that had cleared comes back (each write is counted); and it stays
+after the findings clear: it is the record of a stop, removed by whoever starts the next training (the callback
+ignores a file that was there before it started, or that names another training). A finished run raises no
+signal: there is no trainer left to stop, and an exporter started on an old log must not write a stop for it."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from typing import Any
 
 from exporter import __version__
 from exporter.config import ConfigError, EarlyStopSettings
-from exporter.report.live import ActiveFinding, active_findings, stopping
+from exporter.report.live import ActiveFinding, active_findings, stopping, training_of
 from exporter.runstate import RunState
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,7 @@ log = logging.getLogger(__name__)
 RUN_PLACEHOLDER = "{run}"  # in early_stop.file: one stop file per run
 
 Finding = tuple[str, str | None]  # (alert, reward component)
+Raised = tuple[str, str | None]  # (run, training id): a new training in the run raises its own signal
 
 
 class StopSignal:
@@ -37,7 +40,7 @@ class StopSignal:
         assert settings.file is not None, "a stop signal needs its file"
         self.settings = settings
         self.writes: Counter[tuple[str, str]] = Counter()  # (run, outcome: written or failed)
-        self._raised: dict[str, frozenset[Finding]] = {}  # per run: the findings its file holds
+        self._raised: dict[Raised, frozenset[Finding]] = {}  # per run and training: the findings its file holds
         self._warned: set[str] = set()
 
     def path_for(self, run: str) -> str:
@@ -49,14 +52,19 @@ class StopSignal:
         one its file does not hold yet. With the exporter's lock held, each run refreshed."""
         out = []
         for run in runs:
+            if run.finished:
+                continue
             found = stopping(active_findings(run), self.settings)
             keys = frozenset((f.alert, f.component) for f in found)
-            if not keys <= self._raised.get(run.name, frozenset()):
+            raised = _raised_key(run.name, training_of(run))
+            for earlier in [k for k in self._raised if k[0] == run.name and k != raised]:
+                del self._raised[earlier]  # an earlier training of the run: its signal is history
+            if not keys <= self._raised.get(raised, frozenset()):
                 out.append((run.name, self.path_for(run.name), stop_document(run, found)))
             elif keys:
-                self._raised[run.name] = keys  # one that cleared raises the signal again when it comes back
+                self._raised[raised] = keys  # one that cleared raises the signal again when it comes back
             else:
-                self._raised.pop(run.name, None)
+                self._raised.pop(raised, None)
         return out
 
     def write(self, due: list[tuple[str, str, dict[str, Any]]]) -> None:
@@ -74,7 +82,8 @@ class StopSignal:
                               path, e.strerror or e)
                 continue
             self.writes[run, "written"] += 1
-            self._raised[run] = frozenset((a["alert"], a["component"]) for a in doc["alerts"])
+            self._raised[_raised_key(run, doc["training"])] = frozenset((a["alert"], a["component"])
+                                                                        for a in doc["alerts"])
             log.warning("run %s: stop signal written to %s: %s", run, path, doc["reason"])
 
 
@@ -84,9 +93,13 @@ def stop_document(run: RunState, found: list[ActiveFinding]) -> dict[str, Any]:
     where = f" [{first.component}]" if first.component else ""
     reason = (f"{first.alert}{where} ({first.severity}) at step {run.step}, held since step {first.since_step}: "
               f"{first.summary}{more}")
-    return {"run": run.name, "step": run.step, "alerts": [f.as_json() for f in found], "reason": reason,
-            "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    return {"run": run.name, "training": training_of(run), "step": run.step, "alerts": [f.as_json() for f in found],
+            "reason": reason, "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "exporter": f"posttrain-exporter {__version__}"}
+
+
+def _raised_key(run: str, training: dict[str, Any] | None) -> Raised:
+    return run, training["id"] if training is not None else None
 
 
 def write_atomically(path: str, text: str) -> None:

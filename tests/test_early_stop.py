@@ -26,6 +26,7 @@ from exporter.app import Exporter
 from exporter.config import Config, ConfigError, LogSpec, parse_config
 from exporter.integrations.feed import FeedWriter
 from exporter.integrations.stopwatch import VerdictPoller
+from exporter.parsers.training import Training
 from exporter.report.command import verdicts
 from exporter.stopsignal import StopSignal
 
@@ -163,6 +164,13 @@ def _get(url: str, ctx: ssl.SSLContext, auth: bool = True, method: str = "GET") 
         return e.code, e.read(), dict(e.headers)
 
 
+def _killed_at_the_end(path: Path) -> None:
+    """grpo_kl_blowup's trainer_state.json as a training killed at its last step leaves it: no summary record."""
+    state = json.loads(KL_BLOWUP.read_text())
+    state["log_history"] = [e for e in state["log_history"] if "train_runtime" not in e]
+    path.write_text(json.dumps(state))
+
+
 def test_the_verdict_endpoint_says_what_the_report_says(tmp_path: Path) -> None:
     require_binary("openssl")
     pki = make_pki(tmp_path / "pki")
@@ -174,7 +182,7 @@ def test_the_verdict_endpoint_says_what_the_report_says(tmp_path: Path) -> None:
     cfg = tmp_path / "exporter.yml"
     cfg.write_text(yaml.safe_dump({"early_stop": {"file": str(tmp_path / "stop.json")}}))
     log = tmp_path / "trainer_state.json"
-    shutil.copy(KL_BLOWUP, log)
+    _killed_at_the_end(log)
     port = free_port()
     p = subprocess.Popen(exporter_cmd("serve", "--no-gpu", "--listen-address", f"127.0.0.1:{port}", "--log", str(log),
                                       "--run", "grpo", "--config", str(cfg), "--web.config.file", str(web)),
@@ -195,7 +203,8 @@ def test_the_verdict_endpoint_says_what_the_report_says(tmp_path: Path) -> None:
         assert status == 200 and headers["Content-Type"] == "application/json", body
         (run,) = doc["runs"]
         (report,) = verdicts(Config(), [LogSpec(str(KL_BLOWUP), "grpo")])
-        assert run["verdict"] == report.verdict == "unhealthy" and run["worst"] == "critical" and run["finished"]
+        assert run["verdict"] == report.verdict == "unhealthy" and run["worst"] == "critical" and not run["finished"]
+        assert run["training"] is None  # trainer_state.json does not say which training it is
         assert [(f["alert"], f["first_step"], f["last_step"]) for f in run["findings"]] == \
             [(f.alert, f.first_step, f.last_step) for f in report.findings]
         active = {f["alert"]: f for f in run["active"]}
@@ -219,3 +228,149 @@ def test_the_verdict_endpoint_says_what_the_report_says(tmp_path: Path) -> None:
     finally:
         p.terminate()
         assert p.wait(10) == 0, p.stderr.read().decode()
+
+
+# --- one training at a time: a feed reused by a new training (the callback's identity lines) ----------------------
+
+HEALTHY = CORPUS / "grpo_healthy" / "trainer_state.json"
+
+
+def _feed_of(path: Path, *trainings: tuple[Training, list[dict]]) -> None:
+    """A feed as the callback writes it: each training's identity line, then its records."""
+    feed = FeedWriter(path)
+    for training, history in trainings:
+        feed.begin(training)
+        for entry in history:
+            feed.write(entry["step"], entry)
+    feed.close()
+
+
+def _unfinished(history: list[dict]) -> list[dict]:
+    return [e for e in history if "train_runtime" not in e]  # killed: no end-of-training summary
+
+
+def test_a_new_training_in_a_reused_feed_inherits_no_record_finding_or_stop(tmp_path: Path) -> None:
+    """The blow-up (stopped at its page) and then a healthy training appended to the same feed, judged live by one
+    exporter: the stop names the first training; the healthy one starts empty, is judged healthy and raises no
+    stop; a third training that blows up raises its own stop, at the step of its own page, naming itself."""
+    kl_start = _report_findings()["PostTrainKLCritical"][0][1]
+    healthy = json.loads(HEALTHY.read_text())["log_history"]
+    first, second, third = Training.new(), Training.new(), Training.new()
+    cfg = parse_config({"early_stop": {"file": str(tmp_path / "stop.json")}})
+    feed_path = tmp_path / "feed.jsonl"
+    feed_path.touch()
+    exporter = Exporter(cfg, [LogSpec(str(feed_path), "grpo")])
+    exporter.stop_signal = StopSignal(cfg.early_stop)
+    feed = FeedWriter(feed_path)
+    stops: list[dict] = []
+
+    def step(entry: dict | None = None, training: Training | None = None) -> dict:
+        if training is not None:
+            feed.begin(training)
+        if entry is not None:
+            feed.write(entry["step"], entry)
+        exporter.poll_once()
+        text = (tmp_path / "stop.json").read_text() if (tmp_path / "stop.json").exists() else None
+        if text is not None and (not stops or json.loads(text) != stops[-1]):
+            stops.append(json.loads(text))
+        (run,) = exporter.verdict()["runs"]
+        return run
+
+    step(training=first)
+    for entry in HISTORY:
+        if entry["step"] > kl_start:
+            break  # the callback stopped it here
+        run = step(entry)
+    assert run["stop"] and run["training"] == first.as_json()
+    assert [(s["step"], s["training"]) for s in stops] == [(kl_start, first.as_json())]
+
+    run = step(training=second)  # before its first record: about the new training, with nothing judged yet
+    assert run["training"] == second.as_json() and run["step"] is None and not run["stop"]
+    assert run["verdict"] == "healthy" and run["active"] == run["findings"] == []
+    for entry in healthy:
+        run = step(entry)
+        assert not run["stop"], run
+    assert run["verdict"] == "healthy" and run["finished"] and len(stops) == 1
+
+    step(training=third)
+    for entry in _unfinished(HISTORY):
+        run = step(entry)
+        if len(stops) > 1:
+            break
+    assert [(s["step"], s["training"]["id"]) for s in stops[1:]] == [(kl_start, third.id)]
+    assert exporter.runs["grpo"].resets == 2  # each later training started the run's history again
+    feed.close()
+
+
+def test_report_of_a_reused_feed_judges_the_latest_training(tmp_path: Path) -> None:
+    feed = tmp_path / "feed.jsonl"
+    healthy = json.loads(HEALTHY.read_text())["log_history"]
+    _feed_of(feed, (Training.new(), _unfinished(HISTORY)), (Training.new(), healthy))
+    (v,) = verdicts(Config(), [LogSpec(str(feed), "grpo")])
+    (alone,) = verdicts(Config(), [LogSpec(str(HEALTHY), "grpo")])
+    assert v.verdict == alone.verdict == "healthy" and v.findings == [] and v.last_step == alone.last_step
+    res = run_cli("report", str(feed), "--run", "grpo", "--format", "json")
+    assert res.returncode == 0 and json.loads(res.stdout)["runs"][0]["verdict"] == "healthy", res.stderr.decode()
+    _feed_of(feed, (Training.new(), _unfinished(HISTORY)))  # appended: the latest training is the blow-up
+    (v,) = verdicts(Config(), [LogSpec(str(feed), "grpo")])
+    assert v.verdict == "unhealthy" and v.findings[0].alert == "PostTrainKLCritical"
+
+
+def test_an_exporter_started_on_an_old_log_writes_no_stop(tmp_path: Path) -> None:
+    """Started on a finished blow-up (trainer_state.json, or a feed whose training ended): no stop file, since no
+    trainer is left to stop; started once a new training has begun in the feed (its identity line read, no record
+    yet): no stop either, the run is about the new training."""
+    stop = tmp_path / "stop.json"
+    cfg = parse_config({"early_stop": {"file": str(stop)}})
+    finished_feed, begun_feed = tmp_path / "finished.jsonl", tmp_path / "begun.jsonl"
+    _feed_of(finished_feed, (Training.new(), HISTORY))
+    _feed_of(begun_feed, (Training.new(), _unfinished(HISTORY)), (Training.new(), []))
+    for log in (KL_BLOWUP, finished_feed, begun_feed):
+        exporter = Exporter(cfg, [LogSpec(str(log), "grpo")])
+        exporter.stop_signal = StopSignal(cfg.early_stop)
+        exporter.poll_once()
+        assert not stop.exists(), log
+        (run,) = exporter.verdict()["runs"]
+        assert run["finished"] or (run["step"] is None and not run["stop"]), log
+    # the same killed blow-up without a later training does raise it: the guard is the new training, not luck
+    killed = tmp_path / "killed.jsonl"
+    _feed_of(killed, (Training.new(), _unfinished(HISTORY)))
+    exporter = Exporter(cfg, [LogSpec(str(killed), "grpo")])
+    exporter.stop_signal = StopSignal(cfg.early_stop)
+    exporter.poll_once()
+    assert json.loads(stop.read_text())["step"] == _unfinished(HISTORY)[-1]["step"]
+
+
+def test_a_resumed_training_keeps_the_history_up_to_its_step_and_no_later_finding(tmp_path: Path) -> None:
+    """A training resumed from a checkpoint at step N (its identity line says N): the history before N stays (the
+    detectors' windows), the old training's findings after N do not."""
+    kl_since = _report_findings()["PostTrainKLCritical"][0][0]
+    resume_at = kl_since - 10
+    feed = tmp_path / "feed.jsonl"
+    before = [e for e in HISTORY if e["step"] <= resume_at + 5]
+    _feed_of(feed, (Training.new(), _unfinished(HISTORY)), (Training.new(step=resume_at), before[-5:]))
+    exporter = Exporter(Config(), [LogSpec(str(feed), "grpo")])
+    exporter.read_to_end()
+    (run,) = exporter.verdict()["runs"]
+    assert run["training"]["step"] == resume_at and run["step"] == before[-1]["step"] and run["findings"] == []
+    points = exporter.runs["grpo"].series["kl", None].arrays()[0]
+    assert points[0] == HISTORY[0]["step"] and points[-1] == before[-1]["step"]  # the history before N stayed
+
+
+@pytest.mark.parametrize("line", [
+    '{"posttrain_training": "abc"}',
+    '{"posttrain_training": {"id": "a b", "started": "2026-11-26T06:04:02.123Z", "step": 0}}',
+    '{"posttrain_training": {"id": "abc", "started": "yesterday", "step": 0}}',
+    '{"posttrain_training": {"id": "abc", "started": "2026-11-26T06:04:02Z", "step": -1}}',
+    '{"posttrain_training": {"id": "abc", "started": "2026-11-26T06:04:02Z"}, "loss": 1.0}',
+])
+def test_a_malformed_training_line_is_counted_and_resets_nothing(tmp_path: Path, line: str) -> None:
+    feed = tmp_path / "feed.jsonl"
+    _feed_of(feed, (Training.new(), HISTORY[:30]))
+    with feed.open("a") as f:
+        f.write(line + "\n" + json.dumps({"step": 31, "kl": 0.5}) + "\n")
+    exporter = Exporter(Config(), [LogSpec(str(feed), "grpo")])
+    exporter.read_to_end()
+    run = exporter.runs["grpo"]
+    assert run.step == 31 and run.resets == 0 and len(run.series["kl", None]) == 31
+    assert exporter.stats["grpo"].parse_errors["jsonl", "bad_training"] == 1

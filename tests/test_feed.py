@@ -8,6 +8,8 @@ import json
 import logging
 import math
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -183,3 +185,74 @@ def test_verdict_poller_without_an_exporter_never_raises(caplog) -> None:
     assert sum("cannot ask" in r.getMessage() for r in caplog.records) == 1
     with pytest.raises(ValueError, match="severity"):
         VerdictPoller("http://127.0.0.1:1", severity="page")
+
+
+# --- only a stop for this training, at its own steps --------------------------------------------------------------
+
+
+def test_a_stop_file_counts_only_for_its_own_training_and_steps(tmp_path: Path) -> None:
+    path = tmp_path / "stop.json"
+    watch = StopFileWatch(path)
+    watch.start(training="aaa")
+    write_atomically(str(path), json.dumps({**_stop_doc(step=43), "training": {"id": "bbb", "step": 0}}))
+    assert watch.check(100) is None  # another training's stop
+    write_atomically(str(path), json.dumps({**_stop_doc(step=43), "training": {"id": "aaa", "step": 0}}))
+    assert watch.check(42) is None  # ahead of the trainer's own step: not about the steps it has run
+    notice = watch.check(43)
+    assert notice is not None and notice.training == "aaa" and notice.step == 43
+    write_atomically(str(path), json.dumps(_stop_doc(step=43)))  # an exporter that names no training
+    assert watch.check(44) is not None and watch.check(42) is None
+    watch.start(training="ccc")  # the next training: the file is there already, and names none
+    assert watch.check(50) is None
+
+
+def test_a_verdict_counts_only_for_its_own_training_while_it_runs() -> None:
+    active = [{"alert": "PostTrainKLCritical", "severity": "critical", "since_step": 55, "summary": "KL."}]
+    run = {"run": "g", "step": 60, "finished": False, "training": {"id": "aaa"}, "active": active}
+    assert notice_of_verdict({"runs": [run]}, "url", None, "critical", "aaa").training == "aaa"
+    assert notice_of_verdict({"runs": [run]}, "url", None, "critical", "bbb") is None
+    assert notice_of_verdict({"runs": [{**run, "finished": True}]}, "url", None, "critical", "aaa") is None
+    legacy = notice_of_verdict({"runs": [{**run, "training": None}]}, "url", None, "critical", "aaa")
+    assert legacy is not None and legacy.about("aaa", 60) and not legacy.about("aaa", 59)
+    # the first run about this training wins over another training's run listed before it
+    other = {**run, "run": "h", "training": {"id": "bbb"}}
+    assert notice_of_verdict({"runs": [other, run]}, "url", None, "critical", "aaa").run == "g"
+
+
+def test_the_verdict_poller_drops_a_stop_that_is_no_longer_about_its_training(tmp_path: Path) -> None:
+    """A real `serve` on a feed whose training blew up (killed: not finished): the poller of that training sees the
+    stop; once a new training's line is in the feed, the next answer is about the new one, and the stop is gone for
+    both (the old poller's is not kept from before)."""
+    from conftest import REPO, exporter_cmd, free_port
+
+    from exporter.parsers.training import Training
+
+    corpus = json.loads((REPO / "tests/fixtures/corpus/grpo_kl_blowup/trainer_state.json").read_text())
+    history = [e for e in corpus["log_history"] if "train_runtime" not in e]
+    first, second = Training.new(), Training.new()
+    feed = FeedWriter(tmp_path / "feed.jsonl")
+    feed.begin(first)
+    for entry in history:
+        feed.write(entry["step"], entry)
+    port = free_port()
+    p = subprocess.Popen(exporter_cmd("serve", "--no-gpu", "--listen-address", f"127.0.0.1:{port}", "--log",
+                                      str(tmp_path / "feed.jsonl"), "--run", "grpo"),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        old, new = VerdictPoller(f"http://127.0.0.1:{port}"), VerdictPoller(f"http://127.0.0.1:{port}")
+        old.training, new.training = first.id, second.id
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and old.poll_once() is None:
+            time.sleep(0.1)
+        notice = old.check(history[-1]["step"])
+        assert notice is not None and notice.training == first.id and notice.alerts[0] == "PostTrainKLCritical"
+        assert new.poll_once() is None and new.check(10_000) is None  # not its training
+        feed.begin(second)
+        feed.write(1, {"kl": 0.01, "loss": 0.1})
+        while time.monotonic() < deadline and old.poll_once() is not None:
+            time.sleep(0.1)
+        assert old.check(10_000) is None and new.poll_once() is None
+    finally:
+        feed.close()
+        p.terminate()
+        assert p.wait(10) == 0, p.stderr.read().decode()

@@ -320,9 +320,11 @@ def test_fallback_wrapper_stops_the_exporter_when_the_trainer_is_done(rendered, 
     bindir.mkdir()
     (bindir / "posttrain-exporter").symlink_to(Path(sys.executable).parent / "posttrain-exporter")
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "DONE_FILE": str(done), "DONE_GRACE_SECONDS": "1"}
-    # its own process group: on failure the wrapper and the exporter it started are killed together
-    proc = subprocess.Popen([*side["command"], *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    # its own process group: on failure the wrapper and the exporter it started are killed together; its own PID
+    # namespace where the tools allow (a pod without shareProcessNamespace: the wrapper is PID 1 and sees no trainer)
+    own = ["unshare", "--pid", "--fork", "--mount-proc"] if os.geteuid() == 0 and shutil.which("unshare") else []
+    proc = subprocess.Popen([*own, *side["command"], *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline, body = time.monotonic() + 20, ""
         while time.monotonic() < deadline and "posttrain_loss{" not in body:  # not posttrain_loss_sign_flips
@@ -340,6 +342,97 @@ def test_fallback_wrapper_stops_the_exporter_when_the_trainer_is_done(rendered, 
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+@contextlib.contextmanager
+def _pod_namespace():
+    """A pod's shared process namespace, as the container runtime makes it with shareProcessNamespace: a new PID
+    namespace whose PID 1 stands for the pause process; `_in_pod` starts a container's main process in it, its
+    parent outside (so, as in a pod, its parent PID reads 0 there). Needs unshare/nsenter (util-linux) and root."""
+    for tool in ("unshare", "nsenter"):
+        require_binary(tool)
+    if os.geteuid() != 0:
+        msg = "a PID namespace needs root here"
+        if IN_CI:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    pause = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sleep", "600"], start_new_session=True)
+    try:
+        deadline, pid1, ready = time.monotonic() + 10, "", False
+        while time.monotonic() < deadline and not ready:
+            with contextlib.suppress(OSError):  # empty until unshare has forked; sleep runs once /proc is mounted
+                pid1 = Path(f"/proc/{pause.pid}/task/{pause.pid}/children").read_text().strip()
+                ready = bool(pid1) and Path(f"/proc/{pid1}/cmdline").read_bytes().startswith(b"sleep\0")
+            time.sleep(0.05)
+        assert ready, "the pod's namespace did not start"
+        yield pid1
+    finally:
+        os.killpg(pause.pid, signal.SIGKILL)
+        pause.wait()
+
+
+def _in_pod(pid1: str, argv: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
+    """A container's main process in the pod's namespace (its own process group: killed as a container is)."""
+    return subprocess.Popen(["nsenter", "-t", pid1, "-p", "-m", "--", *argv], env=env, start_new_session=True, **kw)
+
+
+def _fallback_pod(chart, tmp_path: Path, values: dict) -> tuple[list[str], list[str], dict[str, str], int]:
+    """The fallback Job's rendered trainer (argv) and sidecar (argv, env), on this machine's paths: /logs is
+    tmp_path, the exporter on PATH, its port free."""
+    spec = pod_spec(render(chart, {"exampleJob": {"enabled": True, "command": _TRAINER_LOOP},
+                                   "sidecar": {"native": False, **values}}))
+    assert spec["shareProcessNamespace"] is True
+    (trainer,) = [c for c in spec["containers"] if c["name"] == "trainer"]
+    side = sidecar_of(spec)
+    logs, port = str(tmp_path), free_port()
+    trainer_argv = [*trainer["command"], *(a.replace("/logs", logs) for a in trainer["args"])]
+    args = [a.replace("/logs", logs).replace("/etc/posttrain-exporter/config.yaml", os.devnull)
+            .replace("0.0.0.0:9847", f"127.0.0.1:{port}") for a in side["args"]] + ["--no-gpu"]
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "posttrain-exporter").symlink_to(Path(sys.executable).parent / "posttrain-exporter")
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+    env |= {e["name"]: e["value"].replace("/logs", logs) for e in side["env"] if "value" in e}
+    return trainer_argv, [*side["command"], *args], env, port
+
+
+# A trainer that logs a record every 0.2 s for ever (until it is killed)
+_TRAINER_LOOP = ("python3 -u -c \"import time; [print({'loss': 0.5, 'grad_norm': 1.0, 'learning_rate': 1e-05, "
+                 "'epoch': i / 1000}) or time.sleep(0.2) for i in range(10**6)]\"")
+
+
+@pytest.mark.parametrize("trainer_process", ["", "python3 -u"])
+def test_fallback_sidecar_ends_when_its_trainer_is_killed(chart, tmp_path, trainer_process):
+    """The fallback Job's rendered pod spec run as processes in one shared process namespace: the trainer is killed
+    (SIGKILL, as the out-of-memory killer does: its EXIT trap never touches the done file); the sidecar sees its
+    processes gone, serves its grace period and exits 0 well within a minute, so the Job can complete. With
+    trainerProcess set it watches only the trainer's processes, and a pod's other long-lived container does not
+    hold it."""
+    trainer_argv, sidecar_argv, env, port = _fallback_pod(
+        chart, tmp_path, {"doneGraceSeconds": 3, "trainerProcess": trainer_process})
+    with _pod_namespace() as pid1:
+        other = _in_pod(pid1, ["sleep", "600"], env) if trainer_process else None  # e.g. a proxy's container
+        trainer = _in_pod(pid1, trainer_argv, env, stdout=subprocess.DEVNULL)
+        sidecar = _in_pod(pid1, sidecar_argv, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            body = scrape_until(port, lambda b: 'posttrain_loss{run="example-grpo"} 0.5' in b, sidecar, 30)
+            assert 'posttrain_loss{run="example-grpo"} 0.5' in body
+            time.sleep(5)  # longer than the grace period: a live trainer keeps the sidecar up
+            assert sidecar.poll() is None, sidecar.stdout.read().decode()
+            os.killpg(trainer.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            rc = sidecar.wait(timeout=60)
+            took = time.monotonic() - killed
+            out = sidecar.stdout.read().decode()
+            assert rc == 0 and "the trainer's processes are gone" in out, out
+            assert 3 <= took < 60, took
+            assert not (tmp_path / ".training-done").exists()  # it ended without the trainer's word
+        finally:
+            for p in (trainer, sidecar, other):
+                if p is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
 
 
 def test_parent_chart_includes_the_sidecar(helm, kval, tmp_path):

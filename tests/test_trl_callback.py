@@ -21,6 +21,8 @@ import yaml
 from conftest import REPO, exporter_cmd, free_port, require_module, run_cli
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.parsers.training import TRAINING_KEY
+
 TRAIN = REPO / "tests" / "support" / "trl_train.py"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
        "PYTHONUNBUFFERED": "1"}
@@ -46,8 +48,17 @@ def log_history(out: Path) -> list[dict]:
     return json.loads((out / "trainer_state.json").read_text())["log_history"]
 
 
-def feed_records(path: Path) -> list[dict]:
+def feed_lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def feed_records(path: Path) -> list[dict]:
+    """The feed's records, without the lines that say which training they belong to."""
+    return [d for d in feed_lines(path) if TRAINING_KEY not in d]
+
+
+def feed_trainings(path: Path) -> list[dict]:
+    return [d[TRAINING_KEY] for d in feed_lines(path) if TRAINING_KEY in d]
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -60,10 +71,13 @@ def test_the_feed_carries_the_trainers_own_steps(tiny_model: Path, tmp_path: Pat
     trainer_state.json's log_history (training, evaluation, the summary) is a feed line with its step and values,
     and `dump` of the feed gives the last training step (12) and its values."""
     out, feed = tmp_path / "out", tmp_path / "feed.jsonl"
-    train("sft", str(tiny_model), str(out), "--feed", str(feed), "--max-steps", "13", "--logging-steps", "3",
-          "--eval-steps", "5")
+    train_res = train("sft", str(tiny_model), str(out), "--feed", str(feed), "--max-steps", "13", "--logging-steps",
+                      "3", "--eval-steps", "5")
     history = log_history(out)
     assert [e["step"] for e in history] == [3, 5, 6, 9, 10, 12, 13, 13]  # train at 3k, eval at 5k and the end
+    (training,) = feed_trainings(feed)  # the training's identity heads its records
+    assert feed_lines(feed)[0] == {TRAINING_KEY: training} and training["step"] == 0
+    assert res_training(train_res) == training["id"]
     assert feed_records(feed) == [{"step": e["step"], **{k: v for k, v in e.items() if k != "step"}}
                                   for e in history]
 
@@ -119,6 +133,13 @@ def _kl_page(feed: Path) -> dict:
     assert res.returncode == 0, res.stderr.decode()
     (run,) = json.loads(res.stdout)["runs"]
     return next(f for f in run["findings"] if f["alert"] == "PostTrainKLCritical")
+
+
+def res_training(res: subprocess.CompletedProcess) -> str:
+    """The id of the training the callback made (trl_train.py prints it)."""
+    m = re.search(r"^training: (\S+)$", res.stdout.decode(), re.MULTILINE)
+    assert m, res.stdout.decode()[-3000:]
+    return m[1]
 
 
 def _stopped_at(res: subprocess.CompletedProcess) -> tuple[int, str]:
@@ -185,6 +206,98 @@ def test_a_diverging_grpo_run_is_stopped_by_the_verdict_endpoint(tiny_model: Pat
     assert not (tmp_path / "posttrain-stop.json").exists()
 
 
+PAGE_TO_STOP_STEPS = 2  # issue 23's bar: a blow-up is stopped within this many steps of its page
+
+
+def test_a_stopped_runs_folder_feed_and_exporter_stop_only_the_training_that_earns_it(tiny_model: Path,
+                                                                                      tmp_path: Path) -> None:
+    """One exporter (early_stop on) follows one feed; three GRPO trainings in turn in one output folder, each with
+    the stop file and /api/v1/verdict: a blow-up, stopped at its page; then a healthy training, while the stop file
+    of the first is still there and the exporter still says the first one's page: it runs to its end; then a
+    blow-up again, stopped within PAGE_TO_STOP_STEPS steps of its own page."""
+    out, feed, stop_file = tmp_path / "out", tmp_path / "feed.jsonl", tmp_path / "posttrain-stop.json"
+    port, exporter = _serve(tmp_path, feed, {"early_stop": {"file": str(stop_file), "severity": "critical"}})
+    common = ("--feed", str(feed), "--stop-file", str(stop_file), "--verdict-url", f"http://127.0.0.1:{port}",
+              "--logging-steps", "1")
+    try:
+        first = train("grpo", str(tiny_model), str(out), *common, "--max-steps", str(MAX_STEPS))
+        first_stopped, _ = _stopped_at(first)
+        (before,) = json.loads(_get(port, "/api/v1/verdict"))["runs"]
+        healthy = train("grpo", str(tiny_model), str(out), *common, "--max-steps", "25", "--learning-rate", "1e-6")
+        healthy_state = json.loads((out / "trainer_state.json").read_text())
+        third = train("grpo", str(tiny_model), str(out), *common, "--max-steps", str(MAX_STEPS))
+        third_state = json.loads((out / "trainer_state.json").read_text())
+        (after,) = json.loads(_get(port, "/api/v1/verdict"))["runs"]
+    finally:
+        _stop(exporter)
+
+    ids = [res_training(r) for r in (first, healthy, third)]
+    assert [t["id"] for t in feed_trainings(feed)] == ids and len(set(ids)) == 3
+    # what the healthy training met at its start: the first one's page and its stop file
+    assert before["training"]["id"] == ids[0] and before["stop"] and before["finished"]
+    assert "PostTrainKLCritical" in {f["alert"] for f in before["active"]}
+    assert "stopping the training" not in healthy.stderr.decode(), healthy.stderr.decode()[-2000:]
+    assert healthy_state["global_step"] == 25 and "stopped_by" not in healthy.stdout.decode()
+
+    stopped, _ = _stopped_at(third)
+    page = _kl_page(feed)  # report of the feed judges its latest training
+    print(f"first blow-up stopped at step {first_stopped}; healthy ran {healthy_state['global_step']} steps; "
+          f"second blow-up: KL page at step {page['first_step']}, stopped at step {stopped}")  # pytest -s shows it
+    assert page["first_step"] <= stopped <= page["first_step"] + PAGE_TO_STOP_STEPS, (page, stopped, first_stopped)
+    assert third_state["global_step"] == stopped
+    stop = json.loads(stop_file.read_text())
+    assert stop["training"]["id"] == ids[2] and stop["step"] == page["first_step"], stop
+    assert after["training"]["id"] == ids[2] and after["step"] == stopped
+
+
+def test_run_with_the_feed_is_one_run(tiny_model: Path, tmp_path: Path) -> None:
+    """`posttrain-exporter run --log FEED -- python trl_train.py grpo ...` on a feed that holds an earlier, killed
+    blow-up: the trainer's console and its feed make one run (the trainer's), which the stop file stops; the
+    earlier training's run is gone, so nothing alerts twice or for a training that is over."""
+    from exporter.integrations.feed import FeedWriter
+    from exporter.parsers.training import Training
+
+    out, feed, stop_file = tmp_path / "out", tmp_path / "feed.jsonl", tmp_path / "posttrain-stop.json"
+    old = FeedWriter(feed)
+    old.begin(Training.new())
+    for entry in json.loads((REPO / "tests/fixtures/corpus/grpo_kl_blowup/trainer_state.json").read_text())[
+            "log_history"]:
+        if "train_runtime" not in entry:  # killed: it never logged its end
+            old.write(entry["step"], entry)
+    old.close()
+    cfg = tmp_path / "exporter.yml"
+    cfg.write_text(yaml.safe_dump({"poll_interval_seconds": 0.2, "early_stop": {"file": str(stop_file)}}))
+    port = free_port()
+    cmd = exporter_cmd("run", "--no-gpu", "--listen-address", f"127.0.0.1:{port}", "--log", str(feed), "--config",
+                       str(cfg), "--linger", "10", "--", sys.executable, str(TRAIN), "grpo", str(tiny_model), str(out),
+                       "--feed", str(feed), "--stop-file", str(stop_file), "--max-steps", str(MAX_STEPS),
+                       "--logging-steps", "1")
+    p = subprocess.Popen(cmd, env=ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not (out / "trainer_state.json").exists():
+            assert p.poll() is None, p.stderr.read().decode()[-3000:]
+            time.sleep(0.5)
+        time.sleep(1.0)  # the trainer's last lines read
+        verdict = json.loads(_get(port, "/api/v1/verdict"))
+        metrics = _get(port, "/metrics")
+    finally:
+        stdout, stderr = p.communicate(timeout=120)  # it ends once it lingered (SIGTERM does not cut a linger short)
+    (training,) = [t for t in feed_trainings(feed) if "launch" in t]
+    assert [r["run"] for r in verdict["runs"]] == ["trl_train"], verdict
+    (run,) = verdict["runs"]
+    assert run["training"]["id"] == training["id"] == res_training(subprocess.CompletedProcess(cmd, 0, stdout))
+    stop = json.loads(stop_file.read_text())
+    assert stop["run"] == "trl_train" and stop["training"]["id"] == training["id"]
+    assert f"stopped_by: {stop['reason']}" in stdout.decode(), stderr.decode()[-3000:]
+    runs = {s.labels.get("run") for fam in text_string_to_metric_families(metrics) for s in fam.samples
+            if fam.name.startswith("posttrain_") and not fam.name.startswith("posttrain_exporter_source")}
+    assert runs - {None} == {"trl_train"}, runs
+    # one run's records: the feed's, with the trainer's steps (the console's were left out)
+    got = samples(metrics)
+    assert got["posttrain_step", (("run", "trl_train"),)] == run["step"] == feed_records(feed)[-2]["step"]
+
+
 def test_every_rank_stops_at_the_same_step(tmp_path: Path) -> None:
     """Two processes (torch.distributed, gloo): only the main one sees the stop file, and both stop at its step."""
     require_module("torch", "trl")
@@ -219,7 +332,7 @@ def test_the_callback_never_raises_into_the_trainer(tmp_path: Path, caplog) -> N
             state.log_history.append({"loss": 1.0, "step": step})
             control = handler.on_log(args, state, control, {"loss": 1.0})
             control = handler.on_step_end(args, state, control)
-        assert not control.should_training_stop and callback.writer.lost == 3
+        assert not control.should_training_stop and callback.writer.lost == 4  # the training line and 3 records
         assert sum("cannot write" in r.getMessage() for r in caplog.records) == 1
 
         def broken() -> None:

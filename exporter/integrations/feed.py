@@ -1,7 +1,9 @@
 """The trainer's side of the exact feed: each logged record as one JSON line, `{"step": N, ...numbers...}`, the
 format the exporter reads with the record's own step (exporter/parsers/jsonl.py), so no step is guessed from a
-progress bar. Numbers only (a NaN or an infinity as Python's json writes them, which the exporter reads);
-each line is flushed as it is written.
+progress bar. Numbers only (a NaN or an infinity as Python's json writes them, which the exporter reads); each
+line is flushed as it is written. Each training begins with a line that says which training the records after it
+belong to (exporter/parsers/training.py): a feed appended to by a new training never lends it an earlier one's
+records.
 
 It never raises: the trainer matters more than its metrics. A failed write is logged once, the file is closed
 and opened again at the next record; the records lost meanwhile are counted and said when writing works again."""
@@ -13,8 +15,10 @@ import json
 import logging
 import numbers
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import IO
+
+from exporter.parsers.training import Training
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +65,16 @@ class FeedWriter:
         self._file: IO[str] | None = None
         self._failing = False
 
+    def begin(self, training: Training) -> bool:
+        """A training starts: its identity line, before its records."""
+        return self._put(training.line)
+
     def write(self, step: int, values: Mapping[str, object]) -> bool:
+        return self._put(lambda: feed_line(step, values))
+
+    def _put(self, make_line: Callable[[], str | None]) -> bool:
         try:
-            line = feed_line(step, values)
+            line = make_line()
             if line is None:
                 return False
             if self._file is None:

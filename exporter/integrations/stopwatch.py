@@ -1,7 +1,13 @@
 """The trainer's side of the early stop: whether the exporter says to stop, from its stop file (config
 `early_stop`, exporter/stopsignal.py) or its `/api/v1/verdict` endpoint. Cheap enough to ask at every step: the
 file is read only when it changed (one stat otherwise), and the endpoint is asked by a thread of its own, so a
-slow or absent exporter never holds up a step. Nothing here raises; problems are logged once."""
+slow or absent exporter never holds up a step. Nothing here raises; problems are logged once.
+
+Only a stop for this training counts: a signal that names another training (the feed's identity line,
+exporter/parsers/training.py) is ignored, and so is one about a finished run, one whose step is ahead of the
+trainer's own, or a stop file that was there before the training started. The endpoint's latest answer replaces
+the one before, so a stop that is no longer about this training is no longer obeyed. A signal that names no
+training (an exporter that reads no feed, only the console, say) is taken on the other three checks."""
 
 from __future__ import annotations
 
@@ -33,6 +39,13 @@ class StopNotice:
     alerts: tuple[str, ...]
     reason: str
     source: str  # the stop file or the verdict URL
+    training: str | None = None  # the id of the training it is about, when the exporter knows it
+
+    def about(self, training: str | None, step: int | None) -> bool:
+        """Whether it is a stop for the training `training` (its id) now at `step` (None: not checked)."""
+        if training is not None and self.training is not None and self.training != training:
+            return False
+        return step is None or self.step is None or self.step <= step
 
 
 class _Once:
@@ -54,17 +67,24 @@ class StopFileWatch:
     def __init__(self, path: str | os.PathLike[str], run: str | None = None) -> None:
         self.path = os.fspath(path)
         self.run = run
+        self.training: str | None = None  # the id of the training it watches for, from start()
         self._stale: tuple[int, ...] | None = None
         self._seen: tuple[int, ...] | None = None
         self._notice: StopNotice | None = None
         self._once = _Once()
 
-    def start(self) -> None:
-        """At the training's start: note the file that is there already."""
+    def start(self, training: str | None = None) -> None:
+        """At the training's start: note the file that is there already, and the training's id."""
         self._stale = self._identity()
         self._seen, self._notice = None, None
+        self.training = training
 
-    def check(self) -> StopNotice | None:
+    def check(self, step: int | None = None) -> StopNotice | None:
+        """The stop for this training at `step` (the trainer's own), if the file holds one."""
+        notice = self._current()
+        return notice if notice is not None and notice.about(self.training, step) else None
+
+    def _current(self) -> StopNotice | None:
         ident = self._identity()
         if ident is None:
             self._seen, self._notice = None, None
@@ -109,14 +129,19 @@ def notice_of_stop_file(doc: Any, source: str) -> StopNotice | None:
     alerts = tuple(str(a["alert"]) for a in doc.get("alerts") or [] if isinstance(a, dict) and "alert" in a)
     step = doc.get("step")
     return StopNotice(_str_or_none(doc.get("run")), step if isinstance(step, int) else None, alerts, doc["reason"],
-                      source)
+                      source, _training_id(doc))
 
 
-def notice_of_verdict(doc: Any, source: str, run: str | None, severity: str) -> StopNotice | None:
-    """The first run of /api/v1/verdict (or `run`) with an active finding at or above `severity`."""
+def notice_of_verdict(doc: Any, source: str, run: str | None, severity: str,
+                      training: str | None = None) -> StopNotice | None:
+    """The first run of /api/v1/verdict (or `run`) with an active finding at or above `severity`, that has not
+    finished and, with `training` (an id), is not about another training."""
     levels = SEVERITY_LEVELS[severity]
     for r in doc.get("runs", []) if isinstance(doc, dict) else []:
-        if not isinstance(r, dict) or (run is not None and r.get("run") != run):
+        if not isinstance(r, dict) or (run is not None and r.get("run") != run) or r.get("finished") is True:
+            continue
+        about = _training_id(r)
+        if training is not None and about is not None and about != training:
             continue
         found = [f for f in r.get("active") or [] if isinstance(f, dict) and f.get("severity") in levels]
         if not found:
@@ -127,7 +152,7 @@ def notice_of_verdict(doc: Any, source: str, run: str | None, severity: str) -> 
         reason = (f"{first.get('alert')} ({first.get('severity')}) at step {step}, held since step "
                   f"{first.get('since_step')}: {first.get('summary')}{more}")
         return StopNotice(_str_or_none(r.get("run")), step if isinstance(step, int) else None,
-                          tuple(str(f.get("alert")) for f in found), reason, source)
+                          tuple(str(f.get("alert")) for f in found), reason, source, about)
     return None
 
 
@@ -157,14 +182,16 @@ class VerdictPoller:
             self._headers["Authorization"] = f"Basic {token}"
         self._context = ssl.create_default_context(cafile=cafile) if cafile else None
         self._notice: StopNotice | None = None
+        self.training: str | None = None  # the id of the training it asks for, from start()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._once = _Once()
         self._failing = False
 
-    def start(self) -> None:
+    def start(self, training: str | None = None) -> None:
+        self.training = training
+        self._notice = None
         if self._thread is None:
-            self._notice = None
             self._stop = threading.Event()  # the thread of a previous training keeps its own, set
             self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="posttrain-verdict",
                                             daemon=True)
@@ -174,11 +201,13 @@ class VerdictPoller:
         self._stop.set()
         self._thread = None
 
-    def check(self) -> StopNotice | None:
-        return self._notice
+    def check(self, step: int | None = None) -> StopNotice | None:
+        """The last answer's stop for this training at `step` (the trainer's own), if it said one."""
+        notice = self._notice
+        return notice if notice is not None and notice.about(self.training, step) else None
 
     def poll_once(self) -> StopNotice | None:
-        """One request; the answer is kept for `check` (an error keeps the previous answer)."""
+        """One request; its answer replaces the one before for `check` (an error keeps the previous answer)."""
         try:
             req = urllib.request.Request(self.url, headers=self._headers)
             with urllib.request.urlopen(req, timeout=self.timeout, context=self._context) as resp:
@@ -190,15 +219,19 @@ class VerdictPoller:
                                 self.interval)
             return self._notice
         self._failing = False
-        notice = notice_of_verdict(doc, self.url, self.run, self.severity)
-        if notice is not None:
-            self._notice = notice
+        self._notice = notice_of_verdict(doc, self.url, self.run, self.severity, self.training)
         return self._notice
 
     def _loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
             self.poll_once()
             stop.wait(self.interval)
+
+
+def _training_id(doc: dict) -> str | None:
+    """The id of the training a stop file or a run's verdict names (None: it names none)."""
+    training = doc.get("training")
+    return _str_or_none(training.get("id")) if isinstance(training, dict) else None
 
 
 def _str_or_none(v: object) -> str | None:

@@ -11,9 +11,13 @@ and the sidecar follows the feed: `posttrain-exporter serve --log /logs/feed.jso
 - The feed: every record the trainer logs (`on_log`: training, evaluation, the end-of-training summary) as the
   JSON line `{"step": N, ...}` with N = `state.global_step`, its values as `trainer_state.json` holds them, so
   the exporter gets the trainer's own steps whatever `logging_steps` and with `disable_tqdm=True`.
+- The training: at every train start a new identity (a random id and the start time, `self.training`) heads its
+  records in the feed, so that the exporter judges each training on its own, even in a feed reused by another.
 - The stop: with `stop_file` (the exporter's config `early_stop.file`) and/or `verdict_url` (the exporter's
   address: its /api/v1/verdict), checked at the end of every step; when the exporter says a finding of the
-  severity holds, `control.should_training_stop` is set (and the step logged), with a warning that says why.
+  severity holds for this training (not another one's, not a finished run's, not at a step ahead of this one's:
+  exporter/integrations/stopwatch.py), `control.should_training_stop` is set (and the step logged), with a
+  warning that says why.
 - In multi-process training the feed is written by the main process only, and its answer about the stop is
   shared with every rank (one broadcast per step), so that all ranks stop at the same step.
 
@@ -32,6 +36,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from exporter.integrations.feed import STEP_KEY, FeedWriter
 from exporter.integrations.gpu_feed import GpuFeedWriter
 from exporter.integrations.stopwatch import SEVERITY_LEVELS, StopFileWatch, StopNotice, VerdictPoller
+from exporter.parsers.training import LAUNCH_ENV, Training
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +89,7 @@ class ExporterFeedCallback(TrainerCallback):
         self.verdict = (VerdictPoller(verdict_url, run, stop_severity, verdict_interval_seconds, auth=verdict_auth,
                                       cafile=verdict_cafile) if verdict_url is not None else None)
         self.stopped: StopNotice | None = None  # why this callback stopped the training
+        self.training: Training | None = None  # the training under way (made at its start)
         self._checked_step = -1
         self._failed_hooks: set[str] = set()
         # gpu_feed: the trainer's GPUs sampled into this file for the sidecar (gpu.source: feed; gpu_feed.py)
@@ -95,10 +101,13 @@ class ExporterFeedCallback(TrainerCallback):
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
         self.stopped, self._checked_step = None, -1
+        self.training = Training.new(state.global_step, os.environ.get(LAUNCH_ENV))
+        if state.is_world_process_zero:
+            self.writer.begin(self.training)
         if self.stop_file is not None:
-            self.stop_file.start()
+            self.stop_file.start(self.training.id)
         if self.verdict is not None and state.is_world_process_zero:
-            self.verdict.start()
+            self.verdict.start(self.training.id)
         if self.gpu_feed is not None and state.is_local_process_zero:  # one writer per node, for its GPUs
             self.gpu_feed.start()
 
@@ -114,7 +123,7 @@ class ExporterFeedCallback(TrainerCallback):
         if (self.stop_file is None and self.verdict is None) or self.stopped or state.global_step == self._checked_step:
             return
         self._checked_step = state.global_step
-        notice = self._notice() if state.is_world_process_zero else None
+        notice = self._notice(state.global_step) if state.is_world_process_zero else None
         notice = shared_from_main_process(notice)  # reached on every rank at every step, whatever happened above
         if notice is None:
             return
@@ -135,10 +144,10 @@ class ExporterFeedCallback(TrainerCallback):
 
     # --- helpers ------------------------------------------------------------------------------------------
 
-    def _notice(self) -> StopNotice | None:
+    def _notice(self, step: int) -> StopNotice | None:
         try:
             for source in (self.stop_file, self.verdict):
-                if source is not None and (notice := source.check()) is not None:
+                if source is not None and (notice := source.check(step)) is not None:
                     return notice
         except Exception:  # the sources never raise; were one to, the other ranks still wait for our broadcast
             if "check" not in self._failed_hooks:

@@ -8,6 +8,7 @@ from itertools import accumulate
 
 from exporter.parsers import fastpath
 from exporter.parsers.record import ParseError, Record
+from exporter.parsers.training import LINE_PREFIX, parse_training
 from exporter.parsers.values import MAX_STEP, Skip, count_skip, int_to_float, step_of_number, step_or_none, to_float
 
 _STEP_KEYS = ("step", "global_step", "_step")
@@ -85,6 +86,9 @@ def parse_json_line(line: str) -> Record | None:
     s = line.strip()
     if not s.startswith('{"'):
         return None
+    if s.startswith(LINE_PREFIX):  # the TRL callback's feed: a training starts
+        obj = loads_bounded(s, "jsonl")
+        return parse_training(obj) if isinstance(obj, dict) else None
     if fastpath.ENABLED:
         rec = _FAST.parse(s)
         if rec is not None:

@@ -9,6 +9,7 @@ class RecordKind(enum.StrEnum):  # a str: counters keyed by kind read as "train"
     TRAIN = "train"
     EVAL = "eval"
     SUMMARY = "summary"
+    TRAINING = "training"  # a training's start (parsers/training.py): no values, a new identity for the run
 
 
 # Keys that mark the end-of-training summary HF Trainer prints once.

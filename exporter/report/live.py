@@ -59,6 +59,7 @@ def run_document(run: RunState, settings: EarlyStopSettings) -> dict[str, Any]:
     firing = {(f.alert, f.component) for f in active}
     return {
         "run": run.name,
+        "training": training_of(run),
         "step": run.step if run.step >= 0 else None,
         "finished": run.finished,
         "verdict": "unhealthy" if found else "healthy",  # as `posttrain-exporter report` says it
@@ -69,6 +70,12 @@ def run_document(run: RunState, settings: EarlyStopSettings) -> dict[str, Any]:
                       "first_step": f.first_step, "last_step": f.last_step,
                       "active": (f.alert, f.component) in firing} for f in found],
     }
+
+
+def training_of(run: RunState) -> dict[str, Any] | None:
+    """The training the run's verdict is about ({id, started, step}), when its log says (the TRL callback's feed):
+    the trainer acts only on a verdict about its own training. None for logs that do not say."""
+    return run.training.as_json() if run.training is not None else None
 
 
 def verdict_document(runs: Iterable[RunState], settings: EarlyStopSettings, only: str | None = None) -> dict[str, Any]:

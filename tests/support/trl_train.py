@@ -7,8 +7,10 @@ tests/test_trl_callback.py (a training's torch, threads and seeds stay out of th
     python trl_train.py sft MODEL_DIR OUT_DIR --feed FEED [--max-steps N] [--logging-steps K] [--eval-steps E]
         SFTTrainer with disable_tqdm=True and an evaluation set (eval records and the end-of-training summary)
     python trl_train.py grpo MODEL_DIR OUT_DIR --feed FEED [--stop-file F] [--verdict-url U] [--max-steps N]
+                        [--learning-rate LR]
         GRPOTrainer of the random-init model on a brevity reward at a high learning rate: completions shrink to
-        a bare end-of-text, and KL to the reference passes 1 (the KL page) within ~40 steps
+        a bare end-of-text, and KL to the reference passes 1 (the KL page) within ~40 steps; at --learning-rate
+        1e-6 the same training is a healthy one (KL stays near 0)
 
     python trl_train.py ranks STOP_FILE
         two processes (torch.distributed, gloo) each stepping the callback through 10 steps; the stop file
@@ -78,7 +80,7 @@ def grpo(a: argparse.Namespace, callback) -> object:
     prompts = [f"What is {rnd.randint(0, 9)} plus {rnd.randint(0, 9)}?" for _ in range(4 * a.max_steps)]
     args = GRPOConfig(**_common(a.out, a.max_steps, a.logging_steps, 11), per_device_train_batch_size=16,
                       num_generations=4, max_completion_length=16, temperature=1.0, beta=0.04,
-                      learning_rate=3e-3, warmup_steps=5, lr_scheduler_type="constant_with_warmup")
+                      learning_rate=a.learning_rate, warmup_steps=5, lr_scheduler_type="constant_with_warmup")
     return GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(a.model), reward_funcs=[brevity_reward],
                        args=args, train_dataset=Dataset.from_dict({"prompt": prompts}),
                        processing_class=AutoTokenizer.from_pretrained(a.model), callbacks=[callback])
@@ -132,6 +134,7 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=13)
     p.add_argument("--logging-steps", type=int, default=3)
     p.add_argument("--eval-steps", type=int, default=5)
+    p.add_argument("--learning-rate", type=float, default=3e-3)
     a = p.parse_args()
     if a.what == "build":
         build(a.model)
@@ -149,6 +152,7 @@ def main() -> None:
     trainer = (sft if a.what == "sft" else grpo)(a, callback)
     trainer.train()
     trainer.save_state()
+    print(f"training: {callback.training.id}", flush=True)
     if callback.stopped is not None:
         print(f"stopped_by: {callback.stopped.reason}", flush=True)
 

@@ -155,19 +155,44 @@ which the GPU board joins the pod's GPUs on) and its GPUs, and no records (no st
   {{- if $native }}
   restartPolicy: Always
   {{- else }}
-  # Fallback (not a native sidecar): run the exporter until the trainer touches DONE_FILE, give Prometheus
-  # DONE_GRACE_SECONDS for a last scrape, then stop it so that the pod, and the Job, can complete.
+  # Fallback (not a native sidecar): run the exporter until the trainer has ended, give Prometheus
+  # DONE_GRACE_SECONDS for a last scrape, then stop it so that the pod, and the Job, can complete. The trainer
+  # has ended when it touched DONE_FILE, or, with shareProcessNamespace: true, when its processes are gone
+  # however it ended (killed, out of memory): the main processes of the pod's other containers (parent 0: started
+  # from outside the pod's namespace; not the pause process, PID 1, nor this wrapper), or only those whose command
+  # line holds TRAINER_PROCESS when it is set, seen once and then gone for DONE_GRACE_SECONDS.
   command:
     - sh
     - -c
     - |
       posttrain-exporter "$@" & pid=$!
       trap 'kill -TERM "$pid" 2>/dev/null' TERM INT
+      trainer() {
+        for d in /proc/[0-9]*; do
+          p=${d#/proc/}
+          if [ "$p" = 1 ] || [ "$p" = "$$" ]; then continue; fi
+          s=$(cat "$d/stat" 2>/dev/null) || continue
+          set -- ${s##*) }
+          [ "$2" = 0 ] || continue
+          if [ -n "$TRAINER_PROCESS" ]; then
+            c=$(tr '\000' ' ' < "$d/cmdline" 2>/dev/null) || continue
+            case "$c" in *"$TRAINER_PROCESS"*) ;; *) continue ;; esac
+          fi
+          return 0
+        done
+        return 1
+      }
+      seen=0 gone=0
       while [ ! -e "$DONE_FILE" ]; do
         if ! kill -0 "$pid" 2>/dev/null; then wait "$pid"; exit $?; fi
+        if trainer; then seen=1 gone=0; elif [ "$seen" = 1 ]; then gone=$((gone + 2)); fi
+        if [ "$gone" -gt "$DONE_GRACE_SECONDS" ]; then
+          echo "posttrain-exporter sidecar: the trainer's processes are gone; stopping" >&2
+          break
+        fi
         sleep 2
       done
-      sleep "$DONE_GRACE_SECONDS"
+      [ "$gone" -gt "$DONE_GRACE_SECONDS" ] || sleep "$DONE_GRACE_SECONDS"
       kill -TERM "$pid" 2>/dev/null
       wait "$pid"
     - posttrain-exporter
@@ -199,6 +224,8 @@ which the GPU board joins the pod's GPUs on) and its GPUs, and no records (no st
       value: {{ $s.doneFile | quote }}
     - name: DONE_GRACE_SECONDS
       value: {{ $s.doneGraceSeconds | int | quote }}
+    - name: TRAINER_PROCESS
+      value: {{ $s.trainerProcess | default "" | quote }}
     {{- end }}
     {{- with $s.extraEnv }}
     {{- toYaml . | nindent 4 }}
