@@ -65,8 +65,8 @@ class _Parser(argparse.ArgumentParser):
 # Every flag has one: POSTTRAIN_ and its long name upper-cased, '.' and '-' as '_' (--web.listen-address:
 # POSTTRAIN_WEB_LISTEN_ADDRESS). A flag given on the command line wins; an empty variable counts as unset.
 ENV_PREFIX = "POSTTRAIN_"
-# the one flag name with two meanings: report's --format is its output, the others' the line format
-_ENV_OVERRIDES = {("report", "--format"): "POSTTRAIN_REPORT_FORMAT"}
+# report's output format keeps the variable it had when its flag was --format
+_ENV_OVERRIDES = {("report", "--output.format"): "POSTTRAIN_REPORT_FORMAT"}
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 ENV_LIST_SEPARATOR = ","  # POSTTRAIN_LOG=/logs/train.log,/logs/trainer_state.json (a path with a comma: --log)
 
@@ -117,8 +117,8 @@ def _bind_env(parser: argparse.ArgumentParser, command: str | None, environ: Map
     """Names each flag's variable in its help, and makes a set variable the flag's default."""
     for action in parser._actions:
         longs = [o for o in action.option_strings if o.startswith("--")]
-        if not longs or action.dest in ("help", "version"):
-            continue
+        if not longs or action.dest in ("help", "version") or action.help == argparse.SUPPRESS:
+            continue  # a hidden flag (an old name kept working) has no variable of its own
         var = env_name(command, longs[0])
         action.help = f"{action.help + ' ' if action.help else ''}[env {var}]"
         if action.default is not argparse.SUPPRESS and environ.get(var, "").strip():
@@ -210,8 +210,12 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     r.add_argument("paths", nargs="+", metavar="LOG", help="log file(s) or trainer_state.json; '-': standard input")
     r.add_argument("--config", help="YAML config file (the run's thresholds and detector settings)")
     r.add_argument("--run", help="run label (default: the file's stem)")
-    r.add_argument("--format", dest="out_format", choices=REPORT_FORMATS, default="text", help="text (default), "
-                   "json (one object: {\"runs\": [...]}) or html (one self-contained page with charts)")
+    r.add_argument("--output.format", dest="out_format", choices=REPORT_FORMATS, default="text", help="text "
+                   "(default), json (one object: {\"runs\": [...]}) or html (one self-contained page with charts)")
+    # report's --format was its output format, while every other command's --format pins the input's line format:
+    # still taken for the output, with a warning, so that a pipeline that says it keeps working
+    r.add_argument("--format", dest="legacy_out_format", choices=REPORT_FORMATS, default=None,
+                   help=argparse.SUPPRESS)
     r.add_argument("--out", type=Path, help="write to this file instead of standard output")
     r.add_argument("--fail-on", choices=FAIL_ON, help="exit 1 when a run has a finding of this severity or worse")
     r.add_argument("--runbook-base", default=RUNBOOK_BASE, help="the runbooks' URL the findings link to")
@@ -397,7 +401,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     specs = _specs(cfg, args.paths, args.run, "auto")
     _readable(specs)
-    return run_report(cfg, specs, args.out_format, args.out, args.fail_on, args.runbook_base)
+    out_format = args.out_format
+    if args.legacy_out_format is not None:
+        log.warning("report --format %s: say --output.format %s (--format of the other commands pins the input's "
+                    "line format)", args.legacy_out_format, args.legacy_out_format)
+        out_format = args.legacy_out_format
+    return run_report(cfg, specs, out_format, args.out, args.fail_on, args.runbook_base)
 
 
 def _serve(exporter: Exporter, listen: str, loop, gpu: GpuService | None = None, web: WebConfig | None = None) -> int:

@@ -309,7 +309,7 @@ def test_report_of_a_reused_feed_judges_the_latest_training(tmp_path: Path) -> N
     (v,) = verdicts(Config(), [LogSpec(str(feed), "grpo")])
     (alone,) = verdicts(Config(), [LogSpec(str(HEALTHY), "grpo")])
     assert v.verdict == alone.verdict == "healthy" and v.findings == [] and v.last_step == alone.last_step
-    res = run_cli("report", str(feed), "--run", "grpo", "--format", "json")
+    res = run_cli("report", str(feed), "--run", "grpo", "--output.format", "json")
     assert res.returncode == 0 and json.loads(res.stdout)["runs"][0]["verdict"] == "healthy", res.stderr.decode()
     _feed_of(feed, (Training.new(), _unfinished(HISTORY)))  # appended: the latest training is the blow-up
     (v,) = verdicts(Config(), [LogSpec(str(feed), "grpo")])

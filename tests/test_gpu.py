@@ -300,7 +300,7 @@ def test_nvml_library_missing_exports_up_zero_and_backs_off(caplog) -> None:
     caplog.set_level(logging.INFO, logger=LOGGER)
     clock = Clock()
     fake = FakeNvml(h100s(2), init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
-    s = make(fake, clock)
+    s = make(fake, clock, env={"CUDA_VISIBLE_DEVICES": "0,1"})  # GPUs were given: their absence is a fault
     for i in range(5):
         clock.t = i * 0.25
         snap = s.poll_once()
@@ -314,6 +314,29 @@ def test_nvml_library_missing_exports_up_zero_and_backs_off(caplog) -> None:
     assert not any(n.startswith("posttrain_gpu_") and "gpu" in dict(lb) for n, lb in samples(text))
     assert len(warnings(caplog)) == 1
     assert "NVML unavailable (library_not_found: NVML Shared Library Not Found)" in warnings(caplog)[0]
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_a_cpu_machine_without_nvml_is_said_once_at_info_and_no_retry_is_promised_by_one_poll(caplog,
+                                                                                              threaded) -> None:
+    """No GPU given and no NVML library: a CPU machine, not a fault (info, once). `dump` polls once, so it promises
+    no retry; the serving sampler's thread does retry and says so."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    fake = FakeNvml(h100s(1), init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    s = make(fake, Clock())
+    if threaded:
+        s.start()
+        deadline = time.monotonic() + 10
+        while not fake.calls["nvmlInit"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        s.stop()
+    else:
+        s.poll_once()
+        s.poll_once()
+    assert warnings(caplog) == []
+    lines = [m for m in infos(caplog) if "NVML unavailable" in m]
+    assert len(lines) == 1, infos(caplog)
+    assert ("retrying" in lines[0]) == threaded
 
 
 def test_real_pynvml_here_never_raises() -> None:
@@ -334,7 +357,7 @@ def test_backoff_doubles_to_its_cap_then_nvml_comes_back(caplog) -> None:
     caplog.set_level(logging.INFO, logger=LOGGER)
     clock = Clock()
     fake = FakeNvml(h100s(2), init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
-    s = make(fake, clock, backoff_initial_seconds=1, backoff_max_seconds=8)
+    s = make(fake, clock, env={"NVIDIA_VISIBLE_DEVICES": "all"}, backoff_initial_seconds=1, backoff_max_seconds=8)
     attempts = []
     for step in range(420):  # 42 s at 0.1 s
         clock.t = step / 10

@@ -40,6 +40,7 @@ def image() -> Iterator[dict]:
         require_binary(tool)
     if os.geteuid() != 0:
         pytest.skip("running the image's root file system needs root (CI runs as root)")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
     r = subprocess.run([str(REPO / "scripts" / "image" / "build.sh"), IMAGE], capture_output=True, text=True,
                        timeout=900, env=ENV, cwd=REPO)
     assert r.returncode == 0, r.stderr[-4000:]
@@ -47,7 +48,7 @@ def image() -> Iterator[dict]:
     config = json.loads(_buildah("inspect", "--type", "image", IMAGE))["OCIv1"]["config"]
     ctr = _buildah("from", IMAGE)
     try:
-        yield {"config": config, "root": _buildah("mount", ctr)}
+        yield {"config": config, "root": _buildah("mount", ctr), "revision": head or "unknown"}
     finally:
         _buildah("rm", ctr)
         _buildah("rmi", "--force", IMAGE)
@@ -74,8 +75,7 @@ def test_image_config_is_what_the_chart_expects(image: dict) -> None:
     assert cfg["Entrypoint"] == ["posttrain-exporter"]
     labels = cfg["Labels"]
     assert labels["org.opencontainers.image.version"] == __version__
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    assert labels["org.opencontainers.image.revision"] == (head or "unknown")
+    assert labels["org.opencontainers.image.revision"] == image["revision"]  # the commit it was built from
     assert "9847/tcp" in cfg["ExposedPorts"]
 
 

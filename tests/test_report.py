@@ -46,7 +46,7 @@ def test_the_json_contract_and_best_step() -> None:
     """The best step is the reward's peak: before the diverging run fell apart (a reward being hacked, as the
     brevity reward of grpo_kl_blowup, peaks late: the report says what the reward says)."""
     run = next(r for r in RUNS if r.name == "grpo_kl_blowup_2")
-    r = run_cli("report", str(run.log), "--run", run.name, "--format", "json")
+    r = run_cli("report", str(run.log), "--run", run.name, "--output.format", "json")
     assert r.returncode == 0, r.stderr.decode()
     doc = json.loads(r.stdout)
     (one,) = doc["runs"]
@@ -146,7 +146,7 @@ def test_the_html_page_is_self_contained_and_renders_in_a_browser(tmp_path: Path
     chromium = require_binary("chromium")
     runs = [next(r for r in RUNS if r.name == n) for n in ("grpo_kl_blowup_2", "grpo_healthy")]
     page = tmp_path / "report.html"
-    r = run_cli("report", *(str(r.log) for r in runs), "--format", "html", "--out", str(page))
+    r = run_cli("report", *(str(r.log) for r in runs), "--output.format", "html", "--out", str(page))
     assert r.returncode == 0, r.stderr.decode()
     text = page.read_text()
     assert "<script" not in text and "src=" not in text and "@import" not in text and "url(" not in text

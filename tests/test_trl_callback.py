@@ -129,7 +129,7 @@ def _get(port: int, path: str) -> str:
 
 def _kl_page(feed: Path) -> dict:
     """The KL page's finding in `report` of the feed: the step it became active (first_step)."""
-    res = run_cli("report", str(feed), "--run", "grpo", "--format", "json")
+    res = run_cli("report", str(feed), "--run", "grpo", "--output.format", "json")
     assert res.returncode == 0, res.stderr.decode()
     (run,) = json.loads(res.stdout)["runs"]
     return next(f for f in run["findings"] if f["alert"] == "PostTrainKLCritical")

@@ -193,6 +193,10 @@ class _Device:
     slow: dict[str, Any] = field(default_factory=dict)  # last slow readings, carried between slow reads
 
 
+# Error kinds that mean this machine has no NVIDIA driver at all (rather than a driver that failed).
+NO_NVML_HERE = frozenset({"library_not_found", "driver_not_loaded", "module_not_found_error", "import_error"})
+
+
 class GpuSampler:
     """Polls NVML; `start()` runs the thread, `poll_once()` polls in the caller (tests, bench),
     `snapshot()` returns the latest reading (for the collector)."""
@@ -208,6 +212,7 @@ class GpuSampler:
                            else visibility_from_env(os.environ if env is None else env))
         self._backoff = _Backoff(cfg.backoff_initial_seconds, cfg.backoff_max_seconds)
         self._up = False
+        self._ever_up = False  # NVML worked here once: its loss is a fault, whatever the machine was given
         self._devices: list[_Device] = []
         self._phases: dict[str, PhaseTracker] = {}  # by UUID, so a re-init keeps the windows
         self._errors: Counter[str] = Counter()
@@ -360,7 +365,7 @@ class GpuSampler:
         keep = set(chosen)
         self._devices = [_Device(i, u, m, h, _Backoff(cfg.backoff_initial_seconds, cfg.backoff_max_seconds))
                          for i, u, m, h in found if i in keep]
-        self._up = True
+        self._up = self._ever_up = True
         # A fresh start: earlier GPU and field states are moot (the "NVML up" line lists the GPUs).
         self._field_states.clear()
         for key in [k for k in self._states if k.startswith("gpu")]:
@@ -373,9 +378,13 @@ class GpuSampler:
         self._up = False
         self._devices = []
         wait = self._backoff.failed(now)
+        # A retry is only worth saying where there is one (the sampling thread; `dump` polls once), and a machine
+        # that was given no GPU and has no NVML is a CPU machine, not a fault: said once at info.
+        retry = (f", retrying with backoff (next in {wait:g}s, then at most every "
+                 f"{self.config.backoff_max_seconds:g}s)") if self._thread is not None else ""
+        level = logging.WARNING if self.expected or self._ever_up or kind not in NO_NVML_HERE else logging.INFO
         self._transition(self._states, "nvml", kind, f"GPU sampler: NVML unavailable ({kind}: {error}); GPU "
-                         f"metrics off, retrying with backoff (next in {wait:g}s, then at most every "
-                         f"{self.config.backoff_max_seconds:g}s)", logging.WARNING)
+                         f"metrics off{retry}", level)
 
     def _shutdown(self) -> None:
         try:

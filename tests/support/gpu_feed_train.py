@@ -47,6 +47,15 @@ def main() -> None:
     callback = ExporterFeedCallback(a.feed, gpu_feed=a.gpu_feed, gpu_interval_seconds=0.1, gpu_nvml=nvml)
     a.max_steps, a.logging_steps, a.eval_steps = 30, 5, 10
     trainer = sft(a, callback)
+    # a step takes at least 0.1 s, as a GPU step would take longer still: the training lasts several sampling
+    # intervals however fast this machine's CPU steps are (a tiny model's step can take a few ms)
+    from transformers import TrainerCallback
+
+    class _Pace(TrainerCallback):
+        def on_step_end(self, *args, **kwargs) -> None:
+            stop.wait(0.1)
+
+    trainer.add_callback(_Pace())
     trainer.train()
     stop.set()
 
