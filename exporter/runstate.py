@@ -21,6 +21,7 @@ from exporter.instruments.series import Series
 from exporter.instruments.settings import DerivedSettings
 from exporter.parsers.record import Record, RecordKind
 from exporter.parsers.values import MAX_STEP
+from exporter.samples.store import SampleStore
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class RunState:
     values_skipped: Counter[str] = field(default_factory=Counter)  # by reason
     resets: int = 0
     nonfinite: Counter[SeriesKey] = field(default_factory=Counter)  # NaN/inf values, by series
+    samples: SampleStore = field(default_factory=SampleStore)  # printed completions, a few per step (report only)
     derived: DerivedState = field(init=False)
     detectors: DetectorSet = field(init=False)
     _plans: dict[Shape, ShapePlan] = field(init=False, default_factory=dict)
