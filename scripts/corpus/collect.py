@@ -221,6 +221,7 @@ def main() -> int:
             "wall_seconds": int((src / "seconds.txt").read_text()),
         }
         if (src / "out" / "completions").is_dir():
+            run["sample_intent"] = meta.get("sample_intent", [])
             run["sample_onsets"] = sample_onsets(src / "out" / "completions", out)
             if set(run["sample_onsets"]) != set(meta.get("sample_intent", [])):
                 problems.append(f"{name}: sample onsets {run['sample_onsets']} != {meta.get('sample_intent', [])}")
