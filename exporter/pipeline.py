@@ -130,17 +130,17 @@ class ConsoleStream:
             rec = self.parsers.parse(text)
         except ParseError as e:
             self._error(e)
-            self._sample_line(text)  # a panel's top line glued after a cut metric line
+            self._take_samples(self._sample_line(text))  # a panel's top line glued after a cut metric line
             return
         except Exception:  # a parser bug must cost one line, never the sidecar
             self._internal_error(text)
             return
         if rec is None:
             self.stats.lines["none", "unmatched"] += 1
-            self._sample_line(text)
+            self._take_samples(self._sample_line(text))
             return
         if rec.step is not None and self.samples.waiting:
-            self._samples_of(rec.step)
+            self._take_samples(self.samples.close(rec.step))
         self.stats.lines[rec.fmt, "record"] += 1
         if len(text) > _WIDE_LINE:
             rec = self.run.narrowed(rec)
@@ -157,7 +157,7 @@ class ConsoleStream:
             recs = self.parsers.parse_run(texts)  # every line a record with its step, read at once
             if recs is not None:
                 if self.samples.waiting:
-                    self._samples_of(recs[0].step)
+                    self._take_samples(self.samples.close(recs[0].step))
                 counts[recs[0].fmt, "record"] += len(recs)
                 clock.last_step = recs[-1].step
                 run.ingest_many(recs)
@@ -168,17 +168,27 @@ class ConsoleStream:
                 rec = parse(text)
             except ParseError as e:
                 self._error(e)
-                self._sample_line(text)
+                got = self._sample_line(text)
+                if got is not None:  # the records before it first: a set's record must not come before them
+                    run.ingest_many(stepped)
+                    stepped = []
+                    self._take_samples(got)
                 continue
             except Exception:  # a parser bug must cost one line, never the sidecar
                 self._internal_error(text)
                 continue
             if rec is None:
                 counts["none", "unmatched"] += 1
-                self._sample_line(text)
+                got = self._sample_line(text)
+                if got is not None:
+                    run.ingest_many(stepped)
+                    stepped = []
+                    self._take_samples(got)
                 continue
             if rec.step is not None and self.samples.waiting:
-                self._samples_of(rec.step)
+                run.ingest_many(stepped)
+                stepped = []
+                self._take_samples(self.samples.close(rec.step))
             counts[rec.fmt, "record"] += 1
             if len(text) > _WIDE_LINE:
                 rec = run.narrowed(rec)
@@ -219,26 +229,22 @@ class ConsoleStream:
 
     # --- printed completions (exporter/samples) ---------------------------------------------------------------------
 
-    def _sample_line(self, text: str) -> None:
+    def _sample_line(self, text: str) -> SampleSet | None:
+        """A line no metric parser took, to the sample readers: the set it completes, if any. (A metric line closes
+        the verl samples printed before it: `self.samples.close(step)`.)"""
         try:
-            got = self.samples.line(text)
+            return self.samples.line(text)
         except PanelError as e:
             self._error(ParseError("broken_panel", str(e), "trl_panel"))
-            return
         except Exception:  # a reader bug must cost one line, never the sidecar
             self._internal_error(text)
+        return None
+
+    def _take_samples(self, s: SampleSet | None) -> None:
+        """The set's rows kept for the report, its diversity a record at its step (the text stays here). The
+        records read before it must have reached the run: a record at an earlier step after it is a resume."""
+        if s is None:
             return
-        if got is not None:
-            self._take_samples(got)
-
-    def _samples_of(self, step: int) -> None:
-        """A metric line of `step`: the verl samples printed before it are its set."""
-        got = self.samples.close(step)
-        if got is not None:
-            self._take_samples(got)
-
-    def _take_samples(self, s: SampleSet) -> None:
-        """The set's rows kept for the report, its diversity a record at its step (the text stays here)."""
         self.run.samples.add(s)
         rec = diversity_record(s)
         if rec is not None:
