@@ -7,12 +7,15 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import re
+import shutil
+import subprocess
 from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
-from conftest import REPO, require_module, run_cli
+from conftest import REPO, require_binary, require_module, run_cli
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 from support.judge import findings, read_log
@@ -296,3 +299,56 @@ def test_parquet_folder_reads_every_kept_step() -> None:
     assert all(len(s.samples) == 16 for s in sets)
     assert {normal(x.completion) for x in sets[-1].samples} == {"The answer is 7."}
     assert list(sets[0].samples[0].rewards) == ["seven_reward"]
+
+
+# --- the report --------------------------------------------------------------------------------------------------
+
+
+def _hostile_log(tmp_path: Path) -> Path:
+    """Three logged steps whose printed completions are markup: the report must show them as text."""
+    out = []
+    for step in (1, 2, 3):
+        out.append(f"{{'loss': '0.1', 'reward': '0.{step}', 'epoch': '0.0{step}'}}\n")
+        out.append(_trl_panel(100, step, ["Say <b>hi</b> & bye", "What is 1 plus 1?"],
+                              [" <script> alert(1) </script>", " </td></table> <h1>x</h1>"]))
+    log = tmp_path / "hostile.log"
+    log.write_text("".join(out), encoding="utf-8")
+    return log
+
+
+def test_text_and_json_reports_show_samples_at_the_finding_and_the_end() -> None:
+    res = run_cli("report", str(CORPUS / "grpo_brevity_collapse" / "combined.log"))
+    text = res.stdout.decode()
+    block = text[text.index("  samples (printed by the trainer"):]
+    assert "first step of PostTrainTemplateCollapse" in block and ", end:" in block and "best step" in block
+    end = block[block.index(", end:"):]
+    assert "completion:    [brevity_reward=0" in end  # the collapsed run's empty answers, shown as empty
+    res = run_cli("report", "--format", "json", str(CORPUS / "grpo_template_collapse" / "combined.log"))
+    views = json.loads(res.stdout)["runs"][0]["samples"]
+    assert views[-1]["why"] == "end" and views[-1]["shown_step"] == 200
+    assert {normal(r["completion"]) for r in views[-1]["rows"]} == {"The answer is 7."}
+    assert len({r["prompt"] for r in views[-1]["rows"]}) == 4  # one row per prompt: the same answer to each
+
+
+def test_the_html_report_shows_the_completions_escaped_in_a_browser(tmp_path: Path) -> None:
+    chromium = require_binary("chromium")
+    page = tmp_path / "report.html"
+    r = run_cli("report", str(CORPUS / "grpo_template_collapse" / "combined.log"), str(_hostile_log(tmp_path)),
+                "--format", "html", "--out", str(page))
+    assert r.returncode == 0, r.stderr.decode()
+    text = page.read_text()
+    assert "<script" not in text and "&lt;script&gt; alert(1) &lt;/script&gt;" in text
+    flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, timeout=120).stdout.decode()
+    assert "<script" not in dom and "<h1>x</h1>" not in dom  # parsed as text, not as markup
+    assert "&lt;script&gt; alert(1) &lt;/script&gt;" in dom and "Say &lt;b&gt;hi&lt;/b&gt; &amp; bye" in dom
+    assert dom.count('<table class="samples">') >= 4 and "first step of PostTrainTemplateCollapse" in dom
+    assert dom.count(" The answer is 7.") >= 8
+    shot = tmp_path / "samples.png"
+    subprocess.run([*flags, "--window-size=1200,2400", f"--screenshot={shot}", page.as_uri()], capture_output=True,
+                   timeout=120)
+    assert shot.exists() and shot.stat().st_size > 10_000
+    if os.environ.get("KEEP_SCREENSHOT"):
+        shutil.copy(shot, os.environ["KEEP_SCREENSHOT"])

@@ -4,9 +4,9 @@ nearest kept set), each at most ROWS_KEPT rows, each text cut at TEXT_KEPT chara
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
-from exporter.samples.sampleset import Sample, SampleSet
+from exporter.samples.sampleset import Sample, SampleSet, normal
 
 ROWS_KEPT = 4
 TEXT_KEPT = 400
@@ -41,13 +41,19 @@ class SampleStore:
 
 
 def _spread(samples: tuple[Sample, ...]) -> tuple[Sample, ...]:
-    """ROWS_KEPT rows from across the set, distinct prompts first (a GRPO batch lists each prompt's group together)."""
+    """ROWS_KEPT rows from across the set: for each distinct prompt (in order), its most common completion (its
+    first row with it), so that a prompt group of one answer shows as that answer; then further rows in order."""
     if len(samples) <= ROWS_KEPT:
         return samples
-    seen: set[str] = set()
-    firsts = [x for x in samples if not (x.prompt in seen or seen.add(x.prompt))]  # type: ignore[func-returns-value]
-    picked = firsts[:ROWS_KEPT]
+    groups: dict[str, list[Sample]] = {}
+    for x in samples:
+        groups.setdefault(x.prompt, []).append(x)
+    picked: list[Sample] = []
+    for rows in list(groups.values())[:ROWS_KEPT]:
+        counts = Counter(normal(x.completion) for x in rows)
+        top = counts.most_common(1)[0][0]
+        picked.append(next(x for x in rows if normal(x.completion) == top))
     if len(picked) < ROWS_KEPT:
-        rest = [x for x in samples if x not in picked]
+        rest = [x for x in samples if not any(x is p for p in picked)]
         picked += rest[: ROWS_KEPT - len(picked)]
     return tuple(picked)
