@@ -352,3 +352,29 @@ def test_the_html_report_shows_the_completions_escaped_in_a_browser(tmp_path: Pa
     assert shot.exists() and shot.stat().st_size > 10_000
     if os.environ.get("KEEP_SCREENSHOT"):
         shutil.copy(shot, os.environ["KEEP_SCREENSHOT"])
+
+
+def test_a_hostile_panel_costs_bounded_memory_and_time() -> None:
+    """A table that never ends, with one cell of 200,000 one-character lines and 20,000 rows: the kept text is cut,
+    the reading stays linear, and the next real panel is read."""
+    import time
+
+    from exporter.samples import panels
+
+    reader = SampleReader()
+    head = ["╭──── Step 1 ────╮", "│ ┏━━━━━━━━┳━━━━━━━━━━━━┓ │", "│ ┃ Prompt ┃ Completion ┃ │",
+            "│ ┡━━━━━━━━╇━━━━━━━━━━━━┩ │"]
+    t = time.perf_counter()
+    for line in head:
+        reader.line(line)
+    for _ in range(200_000):
+        reader.line("│ │ x      │ y          │ │")
+    for _ in range(20_000):
+        reader.line("│ ├────────┼────────────┤ │")
+        reader.line("│ │ p      │ q          │ │")
+    got = reader.line("╰──────────────────╯")
+    assert time.perf_counter() - t < 20
+    assert got is not None and len(got.samples) == panels.MAX_ROWS
+    assert len(got.samples[0].prompt) <= panels.MAX_CELL
+    again = [s for line in _trl_panel(80, 2, ["a b", "c d"], [" e", " f"]).splitlines() if (s := reader.line(line))]
+    assert [s.step for s in again] == [2]

@@ -27,6 +27,7 @@ _TITLE = re.compile(r"╭─*+ Step (\d{1,15}) ─*+╮\s*$")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*+[A-Za-z]")
 MAX_ROWS = 4096  # rows kept of one panel: a printout of a whole large batch is read, its rows past this are not
 MAX_CELL = 4000  # characters kept of one cell
+MAX_PANEL = 1 << 21  # characters kept of one panel: a hostile or huge table costs bounded memory
 _MAX_FOREIGN = 64  # other lines inside a panel before it is given up (another stream's text interleaved)
 
 
@@ -43,6 +44,8 @@ class PanelReader:
         self._headers: list[str] = []
         self._rows: list[list[list[str]]] = []  # rows, each cells, each its lines
         self._cells: list[list[str]] | None = None  # the row being read
+        self._lengths: list[int] = []  # characters kept of each of its cells
+        self._kept = 0  # characters kept of the panel
         self._ncols = 0
         self._foreign = 0
         self._broken = False
@@ -80,7 +83,7 @@ class PanelReader:
 
     def _start(self, step: int) -> None:
         self._step, self._headers, self._rows, self._cells = step, [], [], None
-        self._ncols, self._foreign, self._broken = 0, 0, False
+        self._ncols, self._foreign, self._broken, self._kept = 0, 0, False, 0
 
     def _table_line(self, inner: str) -> None:
         head = inner[:1]
@@ -93,9 +96,12 @@ class PanelReader:
         elif head == "│":
             if self._cells is None:
                 self._cells = [[] for _ in range(self._ncols)]
+                self._lengths = [0] * self._ncols
             for i, piece in enumerate(self._split(inner, "│")):
-                if piece and sum(map(len, self._cells[i])) < MAX_CELL:
+                if piece and self._lengths[i] < MAX_CELL and self._kept < MAX_PANEL:
                     self._cells[i].append(piece)
+                    self._lengths[i] += len(piece)
+                    self._kept += len(piece)
         elif head in ("├", "└"):
             self._close_row()
 
@@ -142,7 +148,7 @@ def _is(header: str, name: str) -> bool:
 def _joined(lines: list[str]) -> str:
     if not lines:
         return ""
-    return " ".join([lines[0].rstrip(), *(p.strip() for p in lines[1:])]).rstrip()
+    return " ".join([lines[0].rstrip(), *(p.strip() for p in lines[1:])])[:MAX_CELL].rstrip()
 
 
 def _number(text: str) -> float | None:

@@ -18,11 +18,9 @@ class SampleStore:
         self.steps = steps
         self.sets: OrderedDict[int, SampleSet] = OrderedDict()  # step -> its kept rows
         self.total_sets = 0
-        self.last: SampleSet | None = None  # the latest set whole (the opt-in latest-samples view)
 
     def add(self, s: SampleSet) -> None:
         self.total_sets += 1
-        self.last = s
         rows = _spread(s.samples)
         self.sets[s.step] = SampleSet(s.step, s.source, tuple(
             Sample(x.prompt[:TEXT_KEPT], x.completion[:TEXT_KEPT], x.rewards, x.advantage) for x in rows))
