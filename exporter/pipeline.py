@@ -12,6 +12,9 @@ from exporter.parsers import fastpath
 from exporter.parsers.chain import LineParserChain
 from exporter.parsers.record import ParseError, Record
 from exporter.runstate import RunState
+from exporter.samples.diversity import diversity_record
+from exporter.samples.reader import PanelError, SampleReader
+from exporter.samples.sampleset import SampleSet
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,7 @@ class ConsoleStream:
         self.parsers = parsers
         self.framer = ConsoleFramer(self, max_line_length)
         self.clock = StepClock(stats.step_disagreements)
+        self.samples = SampleReader()  # lines no metric parser takes: the trainer's printed completions
         self.last_data = time.monotonic()
         self._waiting_since: float | None = None  # when records began to wait for a progress-bar redraw
 
@@ -126,13 +130,17 @@ class ConsoleStream:
             rec = self.parsers.parse(text)
         except ParseError as e:
             self._error(e)
+            self._take_samples(self._sample_line(text))  # a panel's top line glued after a cut metric line
             return
         except Exception:  # a parser bug must cost one line, never the sidecar
             self._internal_error(text)
             return
         if rec is None:
             self.stats.lines["none", "unmatched"] += 1
+            self._take_samples(self._sample_line(text))
             return
+        if rec.step is not None and self.samples.waiting:
+            self._take_samples(self.samples.close(rec.step))
         self.stats.lines[rec.fmt, "record"] += 1
         if len(text) > _WIDE_LINE:
             rec = self.run.narrowed(rec)
@@ -148,6 +156,8 @@ class ConsoleStream:
         if len(texts) > 1 and max(map(len, texts)) <= _WIDE_LINE:
             recs = self.parsers.parse_run(texts)  # every line a record with its step, read at once
             if recs is not None:
+                if self.samples.waiting:
+                    self._take_samples(self.samples.close(recs[0].step))
                 counts[recs[0].fmt, "record"] += len(recs)
                 clock.last_step = recs[-1].step
                 run.ingest_many(recs)
@@ -158,13 +168,27 @@ class ConsoleStream:
                 rec = parse(text)
             except ParseError as e:
                 self._error(e)
+                got = self._sample_line(text)
+                if got is not None:  # the records before it first: a set's record must not come before them
+                    run.ingest_many(stepped)
+                    stepped = []
+                    self._take_samples(got)
                 continue
             except Exception:  # a parser bug must cost one line, never the sidecar
                 self._internal_error(text)
                 continue
             if rec is None:
                 counts["none", "unmatched"] += 1
+                got = self._sample_line(text)
+                if got is not None:
+                    run.ingest_many(stepped)
+                    stepped = []
+                    self._take_samples(got)
                 continue
+            if rec.step is not None and self.samples.waiting:
+                run.ingest_many(stepped)
+                stepped = []
+                self._take_samples(self.samples.close(rec.step))
             counts[rec.fmt, "record"] += 1
             if len(text) > _WIDE_LINE:
                 rec = run.narrowed(rec)
@@ -202,6 +226,30 @@ class ConsoleStream:
         self.stats.lines[recs[0].fmt, "record"] += len(recs)  # parse_hf_dict's records are all "hf_dict"
         self.run.ingest_many(released)
         return end
+
+    # --- printed completions (exporter/samples) ---------------------------------------------------------------------
+
+    def _sample_line(self, text: str) -> SampleSet | None:
+        """A line no metric parser took, to the sample readers: the set it completes, if any. (A metric line closes
+        the verl samples printed before it: `self.samples.close(step)`.)"""
+        try:
+            return self.samples.line(text)
+        except PanelError as e:
+            self._error(ParseError("broken_panel", str(e), "trl_panel"))
+        except Exception:  # a reader bug must cost one line, never the sidecar
+            self._internal_error(text)
+        return None
+
+    def _take_samples(self, s: SampleSet | None) -> None:
+        """The set's rows kept for the report, its diversity a record at its step (the text stays here). The
+        records read before it must have reached the run: a record at an earlier step after it is a resume."""
+        if s is None:
+            return
+        self.run.samples.add(s)
+        rec = diversity_record(s)
+        if rec is not None:
+            self.stats.lines[rec.fmt, "record"] += 1
+            self.run.ingest(rec)
 
     def _internal_error(self, text: str) -> None:
         self.stats.lines["unknown", "error"] += 1

@@ -22,6 +22,7 @@ from exporter.instruments.settings import DerivedSettings
 from exporter.parsers.record import Record, RecordKind
 from exporter.parsers.training import Training, TrainingStart
 from exporter.parsers.values import MAX_STEP
+from exporter.samples.store import SampleStore
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class RunState:
     resets: int = 0
     training: Training | None = None  # the training the run is about, when its feed says (parsers/training.py)
     nonfinite: Counter[SeriesKey] = field(default_factory=Counter)  # NaN/inf values, by series
+    samples: SampleStore = field(default_factory=SampleStore)  # printed completions, a few per step (report only)
     derived: DerivedState = field(init=False)
     detectors: DetectorSet = field(init=False)
     _plans: dict[Shape, ShapePlan] = field(init=False, default_factory=dict)

@@ -16,9 +16,7 @@ from conftest import REPO, require_binary
 from support.corpus import CAUGHT_BY, PAGE_WORTHY, LabelledRun, labelled_runs, within
 from support.judge import Finding, findings, read_log
 from support.labels import load_records
-from support.stepwise import input_series, records_of, scrapes
-
-from exporter.parsers.record import RecordKind
+from support.stepwise import input_series, logged_steps_of, records_of, scrapes
 
 RUNS = labelled_runs()
 CORPUS = [r for r in RUNS if r.source == "corpus"]
@@ -87,7 +85,7 @@ def test_the_saturated_fixture_pages_on_reward_std() -> None:
 
 def _promtool_case(run: LabelledRun, tmp: Path) -> tuple[dict, list[int]]:
     steps = scrapes(run.log, run.name, f"{run.name}:9847")
-    record_steps = [r.step for r in records_of(run.log) if r.kind is RecordKind.TRAIN]
+    record_steps = logged_steps_of(records_of(run.log))
     series = input_series(steps)
     return {"interval": "1m", "input_series": series}, record_steps
 

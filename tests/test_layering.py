@@ -19,6 +19,7 @@ UPWARD = ("exporter.runstate", "exporter.pipeline", "exporter.app", "exporter.so
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "exporter.parsers": ("exporter.instruments", "exporter.detectors", "exporter.console", *UPWARD),
     "exporter.console": ("exporter.instruments", "exporter.detectors", *UPWARD),
+    "exporter.samples": ("exporter.instruments", "exporter.detectors", "exporter.console", *UPWARD),
     "exporter.instruments": ("exporter.detectors", *UPWARD),
     "exporter.detectors": UPWARD,
     "exporter.runstate": UPWARD[1:],

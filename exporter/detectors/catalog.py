@@ -39,6 +39,9 @@ GRAD_NORM: SeriesKey = ("grad_norm", None)
 POLICY_RATIO: SeriesKey = ("policy_ratio", None)
 CLIP_FRACTION: SeriesKey = ("clip_fraction", None)
 COMPONENT_STD = "reward_component_std"  # per component: one detector state per sub-label value
+# Read from the trainer's printed completions (exporter/samples/diversity.py), one point per sample set:
+TOP_PROMPT_SHARE: SeriesKey = ("completion_diversity", "top_prompt_share")
+TOP_SHARE: SeriesKey = ("completion_diversity", "top_share")
 
 # The quantile of an input's first points that is its baseline, where the median would not be its level:
 # GRPO logs a zero gradient norm on every step where all groups tie (no advantage, no update), and a run
@@ -285,6 +288,19 @@ def entropy_collapse(ctx: BatchContext, v: StreamView) -> Evaluation | None:
     if not ctx.rl:  # SFT and DPO entropy falls as the model fits its data: that is their point
         return None
     return _below(ctx, v, v.rolling(SHORT, "median"), ctx.t.entropy_drop * v.baseline)
+
+
+def template_collapse(ctx: BatchContext, v: StreamView) -> Evaluation:
+    """One completion answering most distinct prompts and filling most rows, on the median of the last 5 sample
+    sets: the text itself has collapsed, whatever the metrics say."""
+    t = ctx.t
+    level = v.rolling(SHORT, "median")
+    rows = ctx.as_of("top_share_median", TOP_SHARE, lambda tv: tv.rolling(SHORT, "median"), v.new_steps)
+    keep = 1.0 - ctx.clear_margin
+    with np.errstate(invalid="ignore"):
+        cond = (level >= t.template_prompt_share) & (rows >= t.template_row_share)
+        ended = (level < keep * t.template_prompt_share) | (rows < keep * t.template_row_share)
+    return Evaluation(v.new_steps, cond, level, np.full(len(level), t.template_prompt_share), clear=ended)
 
 
 def length_growing(ctx: BatchContext, v: StreamView) -> Evaluation:
@@ -604,6 +620,19 @@ DETECTORS: tuple[Detector, ...] = (
         saw="the median gradient norm over its last 5 logged steps is {value}, above {limit} "
             "({threshold.grad_norm_spike_factor}x its level at the run's start)",
         meaning="Updates are exploding; single spikes are counted, this one has lasted.", band=True),
+    Detector(
+        "template_collapse", "PostTrainTemplateCollapse", "warning", "completion_diversity", TOP_PROMPT_SHARE,
+        template_collapse, 3,
+        help="Printed completions (TRL log_completions, verl's samples): the most common completion answers at least "
+             "thresholds.template_prompt_share of a step's distinct prompts and fills at least "
+             "thresholds.template_row_share of its rows (medians of the last 5 sample sets).",
+        seed="spot-check outputs: if all outputs look the same, the model has collapsed to a single strategy",
+        summary="Completions collapsed to one template in run {run}.",
+        saw="one completion is the answer to {value} of the distinct prompts of a step (median of its last 5 "
+            "printed sample sets), at least {limit}, and to at least {threshold.template_row_share} of its rows",
+        meaning="The model gives the same text whatever it is asked: reward can still rise while the answers stop "
+                "depending on the prompt. Read the samples in the report (posttrain-exporter report --html).",
+        reads=(TOP_SHARE,), percent=True),
 )
 
 BY_NAME: dict[str, Detector] = {d.name: d for d in DETECTORS}

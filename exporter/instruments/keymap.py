@@ -77,6 +77,10 @@ INSTRUMENTS: dict[str, Instrument] = {
                    "practitioner's guide: GPU behaviour, step time", unit="seconds"),
         Instrument("generation_time", "Wall time of the step's generation (rollout) phase as the trainer "
                    "measured it.", "practitioner's guide: GPU behaviour, generation phase", unit="seconds"),
+        Instrument("completion_diversity", "How alike the step's printed completions are, by statistic "
+                   "(distinct_share, top_share, top_prompts, top_prompt_share, distinct_2gram, similarity, rows, "
+                   "prompts): read from TRL's log_completions tables or verl's [response] lines, never the text.",
+                   "spot-check outputs: response diversity, template collapse", label="stat"),
     ]
 }
 
@@ -181,6 +185,10 @@ KEY_RULES: list[KeyRule] = [
     KeyRule("timing/step_total", "step_time", frameworks="OpenRLHF", priority=3),
     KeyRule("timing_s/gen", "generation_time", frameworks="verl"),
     KeyRule("timing/generation", "generation_time", frameworks="OpenRLHF", priority=1),
+    KeyRule(r"samples/(?P<v>distinct_share|top_share|top_prompts|top_prompt_share|distinct_2gram|similarity|rows"
+            r"|prompts)", "completion_diversity", pattern=True,
+            frameworks="the exporter's sample reader (exporter/samples): TRL log_completions=True panels, verl's "
+            "printed [prompt]/[response] samples"),
 ]
 
 

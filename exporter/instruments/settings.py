@@ -55,6 +55,10 @@ class Thresholds:
     trend_t: float = _limit(2.0, ("trend", "t"))  # a trend is rising/falling when |slope / stderr| >= this
     discontinuity_high: float = _limit(2.0, ("loss", "discontinuity_high"))  # pg loss "suddenly doubled ..."
     discontinuity_low: float = _limit(0.5, ("loss", "discontinuity_low"))  # "... or halved"
+    # A template (exporter/samples): one completion for at least this share of a step's distinct prompts, and of
+    # its rows (the labelling rule of the samples corpus runs, tests/fixtures/corpus/README.md)
+    template_prompt_share: float = _limit(0.75, ("completion_diversity", "template_prompt_share"))
+    template_row_share: float = _limit(0.5, ("completion_diversity", "template_row_share"))
     # Read by the alert rules only (rules/posttrain.recording.yml), exported so a run can tune them:
     stall_seconds: float = _limit(1800.0, ("record_age", "stall"))  # no record for this long: the trainer stalled
     kl_near_zero: float = _limit(0.001, ("kl", "near_zero"))  # Part II: "KL near zero throughout: beta too high"

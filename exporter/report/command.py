@@ -13,6 +13,7 @@ from exporter.config import Config, LogSpec
 from exporter.report import FAIL_ON as FAIL_ON
 from exporter.report import FORMATS as FORMATS
 from exporter.report.html import to_html
+from exporter.report.samples import sample_views
 from exporter.report.text import to_json, to_text
 from exporter.report.verdict import RunVerdict, judge
 from exporter.runbooks import RUNBOOK_BASE
@@ -26,7 +27,12 @@ def verdicts(cfg: Config, specs: list[LogSpec], runbook_base: str = RUNBOOK_BASE
         cfg.limits, history_limit=max(cfg.limits.history_limit, REPORT_HISTORY)))
     exporter = Exporter(cfg, specs)
     exporter.read_to_end()
-    return [judge(run, runbook_base) for run in exporter.runs.values()]
+    found = []
+    for run in exporter.runs.values():
+        v = judge(run, runbook_base)
+        v.samples = sample_views(run, v)
+        found.append(v)
+    return found
 
 
 def render(found: list[RunVerdict], fmt: str) -> str:

@@ -12,6 +12,8 @@ import math
 import numpy as np
 
 from exporter.detectors.catalog import BY_NAME
+from exporter.report.samples import CSS as SAMPLES_CSS
+from exporter.report.samples import samples_html
 from exporter.report.verdict import Finding, RunVerdict
 
 W, H, PAD_L, PAD_R, PAD_T, PAD_B = 520, 170, 56, 12, 22, 24
@@ -145,6 +147,7 @@ def _run_section(v: RunVerdict) -> str:
         out.append("</table>")
     else:
         out.append("<p>No detector fired: no page and no warning would have been raised.</p>")
+    out.append(samples_html(v.samples))
     out.append("<h2>KL-versus-reward regime</h2>" + _regime_bar(v, x0, x1))
     out.append('<h2>Instruments, by logged step</h2><p class="muted">Blue: the logged value. Dashed red: the '
                "limit a detector judges it against. Shaded: where an alert on it fired (red a page, orange a "
@@ -178,6 +181,6 @@ def _run_section(v: RunVerdict) -> str:
 def to_html(verdicts: list[RunVerdict]) -> str:
     body = "".join(_run_section(v) for v in verdicts)
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>posttrain-exporter report</title>'
-            f"<style>{CSS}</style></head><body>{body}"
+            f"<style>{CSS}{SAMPLES_CSS}</style></head><body>{body}"
             '<p class="muted">posttrain-exporter report: the same detectors and thresholds as the live alerts.</p>'
             "</body></html>")

@@ -6,6 +6,7 @@ import json
 import math
 from typing import Any
 
+from exporter.report.samples import samples_json, samples_text
 from exporter.report.verdict import RunVerdict
 
 
@@ -29,6 +30,7 @@ def to_text(verdicts: list[RunVerdict]) -> str:
             out.append(f"  {f.severity.upper():8s} {f.alert}{where}: steps {spans}")
             out.append(f"           {f.summary} {f.meaning}")
             out.append(f"           runbook: {f.runbook_url}")
+        out += samples_text(v.samples)
         if v.regimes:
             out.append("  regime: " + "; ".join(f"{a}-{b} {name}" for a, b, name in v.regimes))
         if v.instruments:
@@ -58,6 +60,7 @@ def to_json(verdicts: list[RunVerdict]) -> str:
                           "episodes": [{"since": e.since, "start": e.start, "end": e.end} for e in f.episodes]}
                          for f in v.findings],
             "regimes": [{"from_step": a, "to_step": b, "regime": name} for a, b, name in v.regimes],
+            "samples": samples_json(v.samples),
             "instruments": [{"instrument": r.label, "points": r.points, "first": _clean(r.first),
                              "min": _clean(r.min), "max": _clean(r.max), "last": _clean(r.last),
                              "slope_per_step": _clean(r.slope),

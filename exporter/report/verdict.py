@@ -7,6 +7,7 @@ alerts would have said; an alert fires from the step its detector became active 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,6 +17,9 @@ from exporter.instruments.keymap import INSTRUMENTS
 from exporter.instruments.window import window_stats
 from exporter.runbooks import RUNBOOK_BASE
 from exporter.runstate import RunState
+
+if TYPE_CHECKING:
+    from exporter.report.samples import SampleView
 
 TREND_POINTS = 50  # the window of the derived trends (windows.size)
 
@@ -68,6 +72,7 @@ class RunVerdict:
     instruments: list[InstrumentRow]
     series: dict[SeriesKey, tuple[np.ndarray, np.ndarray]] = field(repr=False, default_factory=dict)
     limits: dict[SeriesKey, list[tuple[str, float]]] = field(repr=False, default_factory=dict)
+    samples: list[SampleView] = field(repr=False, default_factory=list)  # printed completions (report/samples.py)
 
     @property
     def verdict(self) -> str:

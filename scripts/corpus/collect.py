@@ -19,6 +19,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(HERE))
 labels = importlib.import_module("support.labels")
+sample_labels = importlib.import_module("support.sample_labels")
 
 MIN_ONSET = 30  # a run starts normally
 MIN_AFTER = 40  # logged steps after the onset
@@ -98,6 +99,24 @@ RUN_META: dict[str, dict] = {
         "intent": [],
         "notes": "Healthy run sampled at temperature 1.4: noisier reward and entropy, KL mostly below 0.3 with "
                  "single-step spikes above 1 (steps ~196, ~203, ~241); the reward still rises.",
+    },
+    "grpo_samples_healthy": {
+        "intent": [],
+        "notes": "Healthy run like grpo_healthy (another seed, 200 steps) with log_completions=True: every step's "
+                 "16 rows printed in a rich panel; answers keep the form ' The answer is N.' and differ in N.",
+    },
+    "grpo_template_collapse": {
+        "intent": ["entropy_collapse"],
+        "sample_intent": ["template_collapse"],
+        "notes": "The ' The answer is 7.' reward of grpo_entropy_collapse (another seed, 200 steps) with "
+                 "log_completions=True: from about step 75 most rows of every table are ' The answer is 7.', "
+                 "whatever the prompt; entropy follows ~30 steps later.",
+    },
+    "grpo_brevity_collapse": {
+        "intent": ["kl_blowup", "entropy_collapse", "reward_std_collapse"],
+        "sample_intent": ["template_collapse"],
+        "notes": "The brevity reward of grpo_kl_blowup (another seed, 200 steps) with log_completions=True: answers "
+                 "shrink to 'The.', then '.', then the empty completion, the same for every prompt.",
     },
     "dpo_displacement": {
         "intent": ["dpo_displacement"],
@@ -201,6 +220,11 @@ def main() -> int:
             "logged_steps": len({int(e["step"]) for e in records}),
             "wall_seconds": int((src / "seconds.txt").read_text()),
         }
+        if (src / "out" / "completions").is_dir():
+            run["sample_intent"] = meta.get("sample_intent", [])
+            run["sample_onsets"] = sample_onsets(src / "out" / "completions", out)
+            if set(run["sample_onsets"]) != set(meta.get("sample_intent", [])):
+                problems.append(f"{name}: sample onsets {run['sample_onsets']} != {meta.get('sample_intent', [])}")
         (out / "run.json").write_text(json.dumps(run, indent=2) + "\n")
         problems += check(name, found, records, meta["intent"])
         problems += check_log(name, (out / "combined.log").read_text(errors="replace"))
@@ -209,6 +233,26 @@ def main() -> int:
     for p in problems:
         print("PROBLEM:", p)
     return 1 if problems else 0
+
+
+KEPT_PARQUET = (1, 100, 200)  # steps whose completions parquet file is kept beside the log (the parquet reader's test)
+
+
+def sample_onsets(folder: Path, out: Path) -> dict[str, int]:
+    """The samples labelling rule (tests/support/sample_labels.py) on the trainer's parquet rows of every step;
+    copies the files of KEPT_PARQUET into out/completions/."""
+    import pandas as pd  # the corpus venv's (TRL's dependency), not the exporter's
+
+    tables = []
+    for path in sorted(folder.glob("completions_*.parquet")):
+        df = pd.read_parquet(path)
+        step = int(df["step"].iloc[0])
+        tables.append((step, list(zip(df["prompt"], df["completion"], strict=True))))
+        if step in KEPT_PARQUET:
+            (out / "completions").mkdir(exist_ok=True)
+            shutil.copyfile(path, out / "completions" / path.name)
+    onset = sample_labels.template_onset(tables)
+    return {} if onset is None else {"template_collapse": onset}
 
 
 def write_table(dest: Path) -> None:
@@ -223,8 +267,9 @@ def write_table(dest: Path) -> None:
         if not path.exists():
             continue
         r = json.loads(path.read_text())
-        onsets = ", ".join(f"{k} {v}" for k, v in sorted(r["onsets"].items(), key=lambda kv: kv[1])) or "none"
-        intent = ", ".join(r["intent"]) or "healthy"
+        found = {**r["onsets"], **r.get("sample_onsets", {})}
+        onsets = ", ".join(f"{k} {v}" for k, v in sorted(found.items(), key=lambda kv: kv[1])) or "none"
+        intent = ", ".join(r["intent"] + RUN_META[name].get("sample_intent", [])) or "healthy"
         rows.append(f"| {name} | {r['trainer']} | {intent} | {onsets} | {r['logged_steps']} | {r['wall_seconds']} "
                     f"| {r['notes']} |")
     text = readme.read_text()

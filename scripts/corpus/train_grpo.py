@@ -174,6 +174,22 @@ RUNS: dict[str, dict] = {
         "rewards": ["format_reward", "closeness_reward"], "data": (10, 9),
         "args": {"beta": 0.04, "learning_rate": 5e-4, "temperature": 1.4, "seed": 72},
     },
+    # --- runs that print their completions (rich panels, completions/*.parquet): the samples corpus ---
+    "grpo_samples_healthy": {
+        "rewards": ["format_reward", "closeness_reward"], "data": (10, 9),
+        "args": {"beta": 0.04, "learning_rate": 5e-4, "warmup_steps": 20, "seed": 56, "max_steps": 200,
+                 "log_completions": True},
+    },
+    "grpo_template_collapse": {
+        "rewards": ["seven_reward"], "data": (10, 9),
+        "args": {"beta": 0.04, "learning_rate": 3e-4, "warmup_steps": 60, "lr_scheduler_type": "constant_with_warmup",
+                 "seed": 44, "max_steps": 200, "log_completions": True},
+    },
+    "grpo_brevity_collapse": {
+        "rewards": ["brevity_reward"], "data": (10, 9),
+        "args": {"beta": 0.04, "learning_rate": 3e-4, "warmup_steps": 60, "lr_scheduler_type": "constant_with_warmup",
+                 "seed": 14, "max_steps": 200, "log_completions": True},
+    },
 }
 
 

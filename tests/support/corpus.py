@@ -24,6 +24,7 @@ CAUGHT_BY: dict[str, frozenset[str]] = {
     "truncation": frozenset({"completion_truncated"}),
     "entropy_collapse": frozenset({"entropy"}),
     "dpo_displacement": frozenset({"dpo_reward"}),
+    "template_collapse": frozenset({"completion_diversity"}),  # labelled from the printed tables (sample_labels.py)
 }
 # The seeds' stop signs: these must page, not only warn.
 PAGE_WORTHY = frozenset({"kl_blowup", "reward_std_collapse"})
@@ -53,16 +54,20 @@ class LabelledRun:
         return not self.onsets
 
 
-def _run(name: str, source: str, folder: Path, intent: tuple[str, ...] | None) -> LabelledRun:
+def _run(name: str, source: str, folder: Path, intent: tuple[str, ...] | None,
+         sample_onsets: dict[str, int] | None = None) -> LabelledRun:
+    """sample_onsets: the onsets of the samples labelling rule (support/sample_labels.py), computed from the trainer's
+    parquet rows when the corpus was collected (run.json)."""
     log = next(folder / n for n in ("combined_unbuffered.log", "combined.log") if (folder / n).exists())
     state = folder / "trainer_state.json"
-    return LabelledRun(name, source, log, state, onsets(load_records(state)), intent)
+    return LabelledRun(name, source, log, state, {**onsets(load_records(state)), **(sample_onsets or {})}, intent)
 
 
 def labelled_runs() -> list[LabelledRun]:
     runs = []
     for folder in sorted(p for p in CORPUS.iterdir() if (p / "run.json").exists()) if CORPUS.is_dir() else []:
         meta = json.loads((folder / "run.json").read_text())
-        runs.append(_run(folder.name, "corpus", folder, tuple(meta["intent"])))
+        runs.append(_run(folder.name, "corpus", folder, (*meta["intent"], *meta.get("sample_intent", ())),
+                         meta.get("sample_onsets")))
     runs += [_run(name, "fixture", TRL / name, None) for name in ("grpo", "grpo_saturated", "dpo", "sft")]
     return runs

@@ -31,15 +31,17 @@ def records_of(log: Path) -> list[Record]:
 
 
 def scrapes(log: Path, run: str, instance: str) -> list[dict[str, float]]:
-    """The exposition (the families above) after each training record, as {series selector: value}."""
+    """The exposition (the families above) after each logged step (its last training record: a step whose
+    completions were printed has a second record, their diversity), as {series selector: value}."""
     ex = Exporter(Config(), [])
     state = ex.run_state(run)
     registry = CollectorRegistry()
     registry.register(ExporterCollector(ex))
     out = []
-    for rec in records_of(log):
+    recs = records_of(log)
+    for i, rec in enumerate(recs):
         state.ingest(rec)
-        if rec.kind is not RecordKind.TRAIN:
+        if rec.kind is not RecordKind.TRAIN or _next_train_step(recs, i) == rec.step:
             continue
         samples = {}
         for fam in text_string_to_metric_families(generate_latest(registry).decode()):
@@ -50,6 +52,16 @@ def scrapes(log: Path, run: str, instance: str) -> list[dict[str, float]]:
                     samples[sel] = s.value
         out.append(samples)
     return out
+
+
+def _next_train_step(recs: list[Record], i: int) -> int | None:
+    return next((r.step for r in recs[i + 1 :] if r.kind is RecordKind.TRAIN), None)
+
+
+def logged_steps_of(recs: list[Record]) -> list[int]:
+    """The step of each scrape of `scrapes`: training records' steps, a step's records counted once."""
+    steps = [r.step for r in recs if r.kind is RecordKind.TRAIN]
+    return [s for i, s in enumerate(steps) if i + 1 == len(steps) or steps[i + 1] != s]
 
 
 def input_series(steps: list[dict[str, float]]) -> list[dict[str, str]]:

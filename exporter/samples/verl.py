@@ -1,0 +1,84 @@
+"""verl's printed samples: the naive reward manager (verl/workers/reward_manager/naive.py) prints a few samples per
+data source each step, before the step's metric line:
+
+    (TaskRunner pid=2817) [prompt] system ... user What is 3 plus 4? ...
+    (TaskRunner pid=2817) [response] <think>...</think> 7
+    (TaskRunner pid=2817) [ground_truth] 7
+    (TaskRunner pid=2817) [score] 1.0            (or one `[key] value` line per key of a dict score)
+
+Ray puts its `(Actor pid=N)` prefix before every line, and a multi-line prompt or response continues on lines with
+that prefix and no marker. The samples seen before a step's metric line (`step:N - ...`) are that step's set: the
+console stream closes them with `close(step)` when the metric line's record arrives."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from exporter.samples.sampleset import Sample, SampleSet
+
+_LINE = re.compile(r"^(\([\w.-]++ pid=\d++[^)]*+\) ?)?\[(\w{1,64})\] ?(.*)$", re.S)
+_PREFIX = re.compile(r"^\([\w.-]++ pid=\d++[^)]*+\) ?")
+MAX_SAMPLES = 1024  # samples kept of one step
+MAX_TEXT = 4000  # characters kept of one prompt or response
+_TEXT_FIELDS = ("prompt", "response", "ground_truth")
+
+
+class VerlSampleReader:
+    def __init__(self) -> None:
+        self._done: list[Sample] = []
+        self._fields: dict[str, str] = {}
+        self._scores: dict[str, float] = {}
+        self._open: str | None = None  # the text field that unmarked lines continue
+        self._prefix: str | None = None
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._done or self._fields)
+
+    def line(self, text: str) -> bool:
+        """Takes a line; True when it was part of a sample."""
+        m = _LINE.match(text)
+        if m is None:
+            return self._continue(text)
+        prefix, key, value = m.group(1) or "", m.group(2), m.group(3)
+        if key == "prompt":
+            self._finish()
+            self._fields = {"prompt": value[:MAX_TEXT]}
+            self._open, self._prefix = "prompt", prefix
+        elif not self._fields:
+            return False  # a bracketed word outside a sample
+        elif key in _TEXT_FIELDS:
+            self._fields[key] = value[:MAX_TEXT]
+            self._open = key
+        else:
+            try:
+                self._scores[key] = float(value)
+            except ValueError:
+                self._scores[key] = {"true": 1.0, "false": 0.0}.get(value.strip().lower(), math.nan)
+            self._open = None
+        return True
+
+    def _continue(self, text: str) -> bool:
+        if self._open is None:
+            return False
+        p = _PREFIX.match(text)
+        if (p.group(0) if p else "") != self._prefix:
+            self._open = None  # another process's line, or text without the sample's prefix: the field ended
+            return False
+        rest = text[p.end() :] if p else text
+        value = self._fields[self._open]
+        if len(value) < MAX_TEXT:
+            self._fields[self._open] = (value + "\n" + rest)[:MAX_TEXT]
+        return True
+
+    def _finish(self) -> None:
+        if "response" in self._fields and len(self._done) < MAX_SAMPLES:
+            self._done.append(Sample(self._fields.get("prompt", ""), self._fields["response"], dict(self._scores)))
+        self._fields, self._scores, self._open = {}, {}, None
+
+    def close(self, step: int) -> SampleSet | None:
+        """The samples read so far are step `step`'s (its metric line has come)."""
+        self._finish()
+        done, self._done = self._done, []
+        return SampleSet(step, "verl", tuple(done)) if done else None
