@@ -191,8 +191,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 def redacted(text: str, work: Path) -> str:
     """`text` without this machine's paths: the scratch folder as $WORK, the repository as its relative paths, so
-    that the committed run reads the same on any clone (the trainer's warnings print site-packages paths)."""
-    return text.replace(f"{REPO}/", "").replace(str(work.resolve()), "$WORK")
+    that the committed run reads the same on any clone (the trainer's warnings print site-packages paths). A venv
+    outside the scratch folder (PYTHON=...) is written as the scratch folder's own venv."""
+    text = text.replace(f"{REPO}/", "").replace(str(work.resolve()), "$WORK")
+    return re.sub(r"/[^\s'\"$]*/\.venv/", "$WORK/venv/", text)
 
 
 def main() -> int:
