@@ -62,7 +62,8 @@ class Exporter:
     def _console(self, spec: LogSpec) -> ConsoleStream:
         """The path from text to the run for a console log: framing, the parsers the format allows, steps."""
         return ConsoleStream(self.run_state(spec.run), self.stats[spec.run],
-                             LineParserChain(spec.format, self.cfg.formats), self.cfg.limits.max_line_length)
+                             LineParserChain(spec.format, self.cfg.formats), self.cfg.limits.max_line_length,
+                             spec.gradient_accumulation)
 
     def _reader(self, spec: LogSpec) -> Source | None:
         """The input reading `spec` as what its path holds, or None while that cannot be told."""

@@ -64,6 +64,10 @@ class ConsoleSink(Protocol):
 
     def overlong(self) -> None: ...  # a line longer than max_line_length was dropped
 
+    # Optional: `postfix(description, n, total, bracket, nested)`, a bar draw whose bracket text (`bracket`, inside
+    # the [ ]) holds a `key=value` postfix, nested bars (drawn with cursor-up escapes) included (console/postfix.py).
+    # Optional: `nested_bar()`, a nested bar's draw without a postfix (left out, counted).
+
     # Optional: `line_run(texts)`, the same as `line(text)` for each in turn (a run of plain lines at once).
     # Optional: `redrawn_run(columns, start, stop) -> int`, tqdm.write's lines (_LINES) at once: `columns` holds
     # their groups (first count, total, further draws, last count, metric line), column by column; of lines `start`
@@ -81,6 +85,8 @@ class ConsoleFramer:
         self._open: str | None = None  # start of a metric line cut by a \r
         self._batch = getattr(sink, "line_run", None)  # a run of plain \n-terminated lines at once
         self._redrawn = getattr(sink, "redrawn_run", None)  # a run of tqdm.write's lines at once
+        self._postfix = getattr(sink, "postfix", None)  # bar draws with a postfix (console/postfix.py)
+        self._nested_bar = getattr(sink, "nested_bar", None)
 
     def feed(self, text: str) -> None:
         if self._skipping:
@@ -247,6 +253,8 @@ class ConsoleFramer:
                 if m is not None and m.end() == len(raw):  # a plain bar draw, nothing after it
                     description, n, total = m.groups()
                     sink.bar(int(n), total, description)
+                    if "=" in raw and self._postfix is not None:
+                        self._postfix_of(m, raw, False)
                     continue
             elif " " == raw[0] == raw[-1] and raw.isspace():
                 if len(raw) >= _CLEAR_MIN_SPACES:
@@ -276,6 +284,11 @@ class ConsoleFramer:
                 if _CURSOR_UP not in raw:
                     description, n, total = m.groups()
                     self.sink.bar(int(n), total, description)
+                    if "=" in text and self._postfix is not None:
+                        self._postfix_of(m, text, False)
+                elif not ("=" in text and self._postfix is not None and self._postfix_of(m, text, True)) \
+                        and self._nested_bar is not None:
+                    self._nested_bar()  # a nested bar (evaluation's, an inner loop's): left out, counted
                 rest = text[m.end() :]
                 if rest and not rest.isspace():
                     self._text(rest, newline)
@@ -287,6 +300,15 @@ class ConsoleFramer:
             return
         if text:
             self._text(text, newline)
+
+    def _postfix_of(self, m: re.Match[str], text: str, nested: bool) -> bool:
+        """Offers the bar draw `m` (of `text`) to sink.postfix when its bracket holds a `key=value`."""
+        bracket = text[text.index("[", m.end(3)) + 1 : m.end() - 1]
+        if "=" not in bracket:
+            return False
+        description, n, total = m.groups()
+        self._postfix(description, int(n), total, bracket, nested)  # type: ignore[misc]
+        return True
 
     def _text(self, text: str, newline: bool) -> None:
         if self._open is not None:
