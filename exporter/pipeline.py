@@ -97,6 +97,7 @@ class ConsoleStream:
         self.framer.flush()
         self._waiting_since = None
         self._ingest(self.clock.flush())
+        self._release_postfix()
         self._no_records_after_bars()
 
     def settle(self, wait_seconds: float) -> None:
@@ -108,6 +109,8 @@ class ConsoleStream:
         if quiet or (self._waiting_since is not None and now - self._waiting_since >= wait_seconds):
             self._waiting_since = None
             self._ingest(self.clock.flush())
+        if quiet:
+            self._release_postfix()
 
     # --- the framer's sink ----------------------------------------------------------------------
 
@@ -122,8 +125,12 @@ class ConsoleStream:
         self.postfixes.cleared()
 
     def postfix(self, description: str | None, n: int, total: str, bracket: str, nested: bool) -> None:
-        rec = self.postfixes.draw(description, n, total, bracket, self.run.records[RecordKind.TRAIN])
-        if rec is not None:
+        for rec in self.postfixes.draw(description, n, total, bracket, self.run.records[RecordKind.TRAIN]):
+            self._ingest(self.clock.record(rec))
+
+    def _release_postfix(self) -> None:
+        """The postfix record waiting for its bar's next draw, when none is coming (the stream ended or went quiet)."""
+        for rec in self.postfixes.release(self.run.records[RecordKind.TRAIN]):
             self._ingest(self.clock.record(rec))
 
     def nested_bar(self) -> None:

@@ -22,8 +22,9 @@ drawn again at the same count (equal values); update()'s draws, close()'s and tq
 step is the optimizer's (micro-batch / N), read at the micro-batch that completes it.
 
 Where the stream also carries records of its own (OpenRLHF v0.8.1+'s `✨ Global step N: {...}` lines in full
-precision, HF dict lines), those are the records: postfix records stop once another training record reached the
-run, and the draws that would have made one are counted as superseded.
+precision, HF dict lines), those are the records: a postfix record waits for the bar's next draw (update()'s, at
+once), and a training record that reached the run from elsewhere meanwhile supersedes it; from then on postfix
+records stop, and the draws that would have made one are counted as superseded.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ _NOT_TRAINING = re.compile(r"eval|valid|^test|^Train epoch \[|generat|^sampl|loa
 _EPISODE = re.compile(r"Episode \[(\d{1,9})/\d{1,9}\]")  # OpenRLHF PPO: 1-based
 _EPOCH_OF = re.compile(r"\bepoch (\d{1,9})\s*$")  # OpenRLHF `Train step of epoch N`: 0-based
 _MAX_PAIRS = 512
+_NONE: list[Record] = []  # returned, never changed
 
 
 def postfix_pairs(bracket: str) -> list[tuple[str, str]]:
@@ -109,22 +111,27 @@ class PostfixReader:
         self._bar = _Bar()
         self._last_step = -1
         self._after_clear = False  # a bar was cleared since the last draw: the next one redraws it
+        self._held: Record | None = None  # made at a set_postfix() draw, released at the next draw
 
     def cleared(self) -> None:
         self._after_clear = True
 
-    def draw(self, description: str | None, n: int, total: str, bracket: str, others: int) -> Record | None:
-        """A draw of a bar at count `n` whose bracket text may hold a postfix; `others`: training records the run
-        took from elsewhere so far. The record it makes, if any (its outcome is counted either way)."""
+    def draw(self, description: str | None, n: int, total: str, bracket: str, others: int) -> list[Record]:
+        """A draw of a bar at count `n` whose bracket text may hold a postfix; `others`: the training records the run
+        took so far, these included. The records it releases (its outcome is counted either way).
+
+        A record is held until the next postfix draw (update()'s, which follows set_postfix()'s at once) or until
+        `release()`: a line of the same step printed in between (a precise one) supersedes it."""
         pairs = postfix_pairs(bracket)
         if not pairs:
-            return None  # no postfix: a plain draw
+            return _NONE  # no postfix: a plain draw
+        out = self.release(others) if self._held is not None else _NONE
         desc = _PERCENTAGE.sub("", (description or "").strip()).rstrip()
         family = _DIGITS.sub("#", desc)
         if family != self._family:
             if self._family is not None or _NOT_TRAINING.search(desc):
                 self._count("not_training")
-                return None
+                return out
             self._family = family
         text = ", ".join(f"{k}={v}" for k, v in pairs)
         bar = self._bar
@@ -135,31 +142,38 @@ class PostfixReader:
         changed = text != bar.postfix or (
             n == bar.last_n and not self._after_clear and not (total.isdigit() and n >= int(total)))
         bar.last_n, bar.postfix, self._after_clear = n, text, False
+        micro = bar.offset + n + 1
+        step = micro // self.accumulation
         if not changed:
             self._count("repeat")
-            return None
-        micro = bar.offset + n + 1
-        if micro % self.accumulation:
+        elif micro % self.accumulation:
             self._count("accumulating")
-            return None
-        step = micro // self.accumulation
+        elif step == self._last_step:
+            self._count("repeat")
+        elif others > self.emitted:
+            self._count("superseded")
+        else:
+            rec = postfix_record(pairs, step)
+            if rec is None:
+                self._count("no_numbers")
+            elif rec.kind is not RecordKind.TRAIN:
+                self._count("not_training")
+            else:
+                self._last_step, self._held = step, rec
+        return out
+
+    def release(self, others: int) -> list[Record]:
+        """The held record, unless training records from elsewhere reached the run since (`others`: all of the
+        run's so far): then it is superseded."""
+        rec, self._held = self._held, None
+        if rec is None:
+            return _NONE
         if others > self.emitted:
             self._count("superseded")
-            return None
-        if step == self._last_step:
-            self._count("repeat")
-            return None
-        rec = postfix_record(pairs, step)
-        if rec is None:
-            self._count("no_numbers")
-            return None
-        if rec.kind is not RecordKind.TRAIN:
-            self._count("not_training")
-            return None
-        self._last_step = step
+            return _NONE
         self.emitted += 1
         self._count("record")
-        return rec
+        return [rec]
 
     def _count(self, outcome: str) -> None:
         self.counts[FORMAT, outcome] += 1
