@@ -105,7 +105,7 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("jsonl", "jsonl", "jsonl.mtail", "jsonl", tuple(k.replace("actor/", "train/") for k in _VERL), "jsonl",
              "jsonl_lines_total", 'flat JSON lines `{"step": N, "key": value, ...}`'),
     Workload("openrlhf", "openrlhf", "openrlhf.mtail", "openrlhf", tuple(make_log.OPENRLHF_KEYS), "openrlhf",
-             "openrlhf_lines_total", "OpenRLHF `... Global step N: {...}`"),
+             "openrlhf_lines_total", "OpenRLHF v0.11.0 PPO console (Ray prefixes, bars, `✨ Global step N: {...}`)"),
 )}
 
 

@@ -7,6 +7,7 @@ import time
 from collections import Counter
 
 from exporter.console.framing import MAX_LINE_LENGTH, ConsoleFramer
+from exporter.console.postfix import FORMAT as POSTFIX_FORMAT
 from exporter.console.postfix import PostfixReader
 from exporter.console.steps import StepClock
 from exporter.parsers import fastpath
@@ -127,6 +128,24 @@ class ConsoleStream:
     def postfix(self, description: str | None, n: int, total: str, bracket: str, nested: bool) -> None:
         for rec in self.postfixes.draw(description, n, total, bracket, self.run.records[RecordKind.TRAIN]):
             self._ingest(self.clock.record(rec))
+
+    def bar_run(self, draws: list[tuple[str | None, int, str, str | None]]) -> None:
+        """bar() and postfix() of each of `draws` (lines that are one bar draw each), in one call: a bar that is
+        not the training one (it has a description) costs the clock nothing, nor a postfix of a refused bar."""
+        self.stats.bar_draws += len(draws)
+        clock, postfixes, counts, records = self.clock, self.postfixes, self.stats.lines, self.run.records
+        refused = postfixes.refused
+        for description, n, total, bracket in draws:
+            if not description or description.isspace():
+                released = clock.bar(n, total, description)
+                if released:
+                    self._ingest(released)
+            if bracket is not None:
+                if description in refused and postfixes.idle:
+                    counts[POSTFIX_FORMAT, "not_training"] += 1
+                    continue
+                for rec in postfixes.draw(description, n, total, bracket, records[RecordKind.TRAIN]):
+                    self._ingest(clock.record(rec))
 
     def _release_postfix(self) -> None:
         """The postfix record waiting for its bar's next draw, when none is coming (the stream ended or went quiet)."""

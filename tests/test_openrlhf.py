@@ -270,3 +270,37 @@ def test_the_framer_hands_nested_postfix_draws_to_the_sink() -> None:
     assert sink.postfixes == [("Train step of epoch 0:   1%", 1, "100", "00:01<02:18,  1.40s/it, gpt_loss=2.2, lr=1e-6",
                                True)]
     assert sink.nested == 1
+
+
+# --- lines that are one bar draw each, framed at once (framing._single_draw, ConsoleStream.bar_run) ------------------
+
+_DRAW_MUTATIONS = [
+    lambda line: line,
+    lambda line: line + "   ",  # tqdm's padding after a shorter draw
+    lambda line: line + " x",  # text after the draw
+    lambda line: line.replace("\r", "\r\r", 1),  # a second \r
+    lambda line: line.replace("]", "]\x1b[A", 1),  # a nested draw
+    lambda line: line.replace("Train", "{Train", 1),  # a description no bar has
+    lambda line: line.split(": ", 1)[-1] if ": " in line else line,  # only the percentage: the training-bar shape
+    lambda line: line.replace(", ", ",", 1),
+    lambda line: line.replace("=", "", 1),
+    lambda line: "",
+    lambda line: "\x1b[A",
+    lambda line: line[:-1],  # the bracket left open
+]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lines_of_one_draw_each_read_the_same_with_the_fast_paths_off(seed: int, tmp_path: Path) -> None:
+    import random
+
+    from test_fastpath import assert_same
+
+    rng = random.Random(seed)
+    text = (OPENRLHF / ("ppo_v0_8_0.log" if seed % 2 else "sft_v0_11_0.log")).read_bytes().decode()
+    lines = text.split("\n")
+    for i in rng.sample(range(len(lines)), len(lines) // 8):
+        lines[i] = rng.choice(_DRAW_MUTATIONS)(lines[i])
+    path = tmp_path / "mutated.log"
+    path.write_text("\n".join(lines), encoding="utf-8", newline="")
+    assert_same(path)

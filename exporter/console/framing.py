@@ -47,6 +47,30 @@ _MIN_MEAN_LINE = 64  # characters a line on average, for _LINES
 # (Possessive: `\d+[^)]*` without a `)` after it backtracked over every split of the digits.)
 _LINE_START = re.compile(r"^(?:\{['\"]|(?:\([\w.-]++ pid=\d++[^)]*+\)\s++)?step:\d++ - )")
 MAX_LINE_LENGTH = 1 << 20  # characters; the config's limits.max_line_length
+# Ray's coloured actor prefix, which its driver prints before each line an actor printed (colorama's DIM, a colour,
+# `(PPOTrainer pid=4242)` or `(pid=12, ip=10.0.0.5)`, RESET_ALL, a space): framing, not text. Taken out before
+# the text is cut, so that a bar draw behind it (`prefix \r<bar>`) is a bar draw, and a line a line.
+_RAY_PREFIX_START = "\x1b[2m\x1b[3"
+_RAY_PREFIX = re.compile(r"\x1b\[2m\x1b\[3\dm\((?:[\w.-]{1,128}+ )?+pid=\d{1,10}+(?:, ip=[\w.:]{1,64}+)?+\)\x1b\[0m ?+")
+
+
+# A \n-line that is `\r` and one plain bar draw, spaces after it at most (no other \r, no escape: the classes leave
+# them out), as _BAR reads the draw: description (None: only the percentage), count, total, bracket text.
+_WS = r"[^\S\r\n]"  # \s of a segment: no \r or \n in it
+_DRAW_LINE = re.compile(
+    rf"\r(?:{_WS}*+\d{{1,3}}+%|([^{{|\r\n\x1b]*+))\|[^|\r\n\x1b]*+\|{_WS}*+(\d{{1,15}}+)/(\d{{1,15}}+){_WS}*+"
+    rf"\[([^\]\r\n\x1b]*+)\]{_WS}*+")
+
+
+def _single_draw(line: str) -> tuple[str | None, int, str, str | None] | None:
+    """A \n-line that is `\r` and one plain bar draw (spaces after it at most; no escape), as _segments frames it:
+    (description, count, total, bracket text when it holds a `=`), else None. Ray's log monitor prints each draw of
+    a worker's bar as such a line."""
+    m = _DRAW_LINE.fullmatch(line)
+    if m is None:
+        return None
+    description, n, total, bracket = m.groups()
+    return description, int(n), total, bracket if "=" in bracket else None
 
 
 class ConsoleSink(Protocol):
@@ -67,6 +91,8 @@ class ConsoleSink(Protocol):
     # Optional: `postfix(description, n, total, bracket, nested)`, a bar draw whose bracket text (`bracket`, inside
     # the [ ]) holds a `key=value` postfix, nested bars (drawn with cursor-up escapes) included (console/postfix.py).
     # Optional: `nested_bar()`, a nested bar's draw without a postfix (left out, counted).
+    # Optional: `bar_run(draws)`, (description, n, total, bracket or None) of lines that are one plain draw each:
+    # bar() for each, and postfix(..., False) for each whose bracket holds a `=`.
 
     # Optional: `line_run(texts)`, the same as `line(text)` for each in turn (a run of plain lines at once).
     # Optional: `redrawn_run(columns, start, stop) -> int`, tqdm.write's lines (_LINES) at once: `columns` holds
@@ -87,8 +113,11 @@ class ConsoleFramer:
         self._redrawn = getattr(sink, "redrawn_run", None)  # a run of tqdm.write's lines at once
         self._postfix = getattr(sink, "postfix", None)  # bar draws with a postfix (console/postfix.py)
         self._nested_bar = getattr(sink, "nested_bar", None)
+        self._bar_run = getattr(sink, "bar_run", None)  # lines that are one bar draw each, at once
 
     def feed(self, text: str) -> None:
+        if _RAY_PREFIX_START in text:
+            text = _RAY_PREFIX.sub("", text)
         if self._skipping:
             text = self._skip_overlong(text)
         if not text:
@@ -141,10 +170,27 @@ class ConsoleFramer:
         go to the sink in one call (sink.line_run): a trainer without bars prints nothing else. Runs of tqdm.write's
         lines go to sink.redrawn_run: a combined stream prints little else."""
         batch = self._batch if fastpath.ENABLED else None
+        bars = self._bar_run if fastpath.ENABLED else None
         run: list[str] = []
         drawn: list[tuple[str, ...]] = []  # a run of tqdm.write's lines: their groups
         drawn_lines: list[str] = []
+        draws: list[tuple[str | None, int, str, str | None]] = []  # a run of lines that are one bar draw each
         for whole, first, total, further, last, metric, line in parts:
+            if bars is not None:
+                if not whole and (not line or line == _CURSOR_UP):
+                    continue  # frames as nothing (Ray prints the newline and the cursor-up of a nested draw apart)
+                if line[:1] == "\r" and self._open is None and (draw := _single_draw(line)) is not None:
+                    if run:
+                        batch(run)  # type: ignore[misc]
+                        run = []
+                    if drawn:
+                        self._redrawn_run(drawn, drawn_lines)
+                        drawn, drawn_lines = [], []
+                    draws.append(draw)
+                    continue
+                if draws:
+                    bars(draws)
+                    draws = []
             if whole:
                 # No \r or escape in the metric line (after it, a cut line could be held open), no line held open.
                 if self._open is None and "\r" not in metric and "\x1b" not in metric:
@@ -173,6 +219,8 @@ class ConsoleFramer:
             batch(run)  # type: ignore[misc]
         if drawn:
             self._redrawn_run(drawn, drawn_lines)
+        if draws:
+            bars(draws)  # type: ignore[misc]
 
     def _line(self, line: str) -> None:
         """A \n-terminated line (without its \n), segment by segment."""

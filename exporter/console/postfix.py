@@ -49,6 +49,7 @@ _EPISODE = re.compile(r"Episode \[(\d{1,9})/\d{1,9}\]")  # OpenRLHF PPO: 1-based
 _EPOCH_OF = re.compile(r"\bepoch (\d{1,9})\s*$")  # OpenRLHF `Train step of epoch N`: 0-based
 _MAX_PAIRS = 512
 _NONE: list[Record] = []  # returned, never changed
+_MAX_NAMES = 4096
 
 
 def postfix_pairs(bracket: str) -> list[tuple[str, str]]:
@@ -112,6 +113,10 @@ class PostfixReader:
         self._last_step = -1
         self._after_clear = False  # a bar was cleared since the last draw: the next one redraws it
         self._held: Record | None = None  # made at a set_postfix() draw, released at the next draw
+        self._names: dict[str | None, tuple[str, str]] = {}  # _name's results
+        # Descriptions (as drawn) of bars that are not the training bar: draw() only counts them (while nothing
+        # is held: see idle)
+        self.refused: set[str | None] = set()
 
     def cleared(self) -> None:
         self._after_clear = True
@@ -122,17 +127,21 @@ class PostfixReader:
 
         A record is held until the next postfix draw (update()'s, which follows set_postfix()'s at once) or until
         `release()`: a line of the same step printed in between (a precise one) supersedes it."""
-        pairs = postfix_pairs(bracket)
-        if not pairs:
-            return _NONE  # no postfix: a plain draw
         out = self.release(others) if self._held is not None else _NONE
-        desc = _PERCENTAGE.sub("", (description or "").strip()).rstrip()
-        family = _DIGITS.sub("#", desc)
+        named = self._names.get(description)
+        if named is None:
+            named = self._name(description)
+        desc, family = named
         if family != self._family:
             if self._family is not None or _NOT_TRAINING.search(desc):
-                self._count("not_training")
+                self.refused.add(description)  # for good: the training bar, once chosen, stays
+                self.counts[FORMAT, "not_training"] += 1
                 return out
             self._family = family
+        pairs = postfix_pairs(bracket)
+        if not pairs:
+            self._count("no_numbers")
+            return out
         text = ", ".join(f"{k}={v}" for k, v in pairs)
         bar = self._bar
         if desc != bar.description or n < bar.last_n or total != bar.total:
@@ -161,6 +170,22 @@ class PostfixReader:
             else:
                 self._last_step, self._held = step, rec
         return out
+
+    @property
+    def idle(self) -> bool:
+        """No record is held: a draw of a refused bar would only be counted."""
+        return self._held is None
+
+    def _name(self, description: str | None) -> tuple[str, str]:
+        """The bar's description without its percentage, and its family (digits taken out); cached: a bar is drawn
+        with few distinct percentages."""
+        desc = _PERCENTAGE.sub("", description.strip()).rstrip() if description else ""
+        named = (desc, _DIGITS.sub("#", desc))
+        if len(self._names) >= _MAX_NAMES:
+            self._names.clear()
+            self.refused.clear()
+        self._names[description] = named
+        return named
 
     def release(self, others: int) -> list[Record]:
         """The held record, unless training records from elsewhere reached the run since (`others`: all of the
