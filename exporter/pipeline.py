@@ -129,23 +129,27 @@ class ConsoleStream:
         for rec in self.postfixes.draw(description, n, total, bracket, self.run.records[RecordKind.TRAIN]):
             self._ingest(self.clock.record(rec))
 
-    def bar_run(self, draws: list[tuple[str | None, int, str, str | None]]) -> None:
-        """bar() and postfix() of each of `draws` (lines that are one bar draw each), in one call: a bar that is
-        not the training one (it has a description) costs the clock nothing, nor a postfix of a refused bar."""
+    def bar_run(self, draws: list[tuple[str | None, str, str, str]]) -> None:
+        """bar() and postfix() of each of `draws`, lines that are one bar draw each (description, count, total,
+        bracket text), in one call: a bar with a description costs the clock nothing, and the postfix of a bar
+        that is not the training bar is only counted."""
         self.stats.bar_draws += len(draws)
-        clock, postfixes, counts, records = self.clock, self.postfixes, self.stats.lines, self.run.records
+        clock, postfixes, records = self.clock, self.postfixes, self.run.records
         refused = postfixes.refused
+        not_training = 0
         for description, n, total, bracket in draws:
             if not description or description.isspace():
-                released = clock.bar(n, total, description)
+                released = clock.bar(int(n), total, description)
                 if released:
                     self._ingest(released)
-            if bracket is not None:
+            if "=" in bracket:
                 if description in refused and postfixes.idle:
-                    counts[POSTFIX_FORMAT, "not_training"] += 1
+                    not_training += 1
                     continue
-                for rec in postfixes.draw(description, n, total, bracket, records[RecordKind.TRAIN]):
+                for rec in postfixes.draw(description, int(n), total, bracket, records[RecordKind.TRAIN]):
                     self._ingest(clock.record(rec))
+        if not_training:
+            self.stats.lines[POSTFIX_FORMAT, "not_training"] += not_training
 
     def _release_postfix(self) -> None:
         """The postfix record waiting for its bar's next draw, when none is coming (the stream ended or went quiet)."""

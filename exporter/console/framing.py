@@ -55,22 +55,12 @@ _RAY_PREFIX = re.compile(r"\x1b\[2m\x1b\[3\dm\((?:[\w.-]{1,128}+ )?+pid=\d{1,10}
 
 
 # A \n-line that is `\r` and one plain bar draw, spaces after it at most (no other \r, no escape: the classes leave
-# them out), as _BAR reads the draw: description (None: only the percentage), count, total, bracket text.
+# them out), as _segments frames it (_BAR): description (None: only the percentage), count, total, bracket text.
+# Ray's log monitor prints each draw of a worker's bar as such a line.
 _WS = r"[^\S\r\n]"  # \s of a segment: no \r or \n in it
 _DRAW_LINE = re.compile(
     rf"\r(?:{_WS}*+\d{{1,3}}+%|([^{{|\r\n\x1b]*+))\|[^|\r\n\x1b]*+\|{_WS}*+(\d{{1,15}}+)/(\d{{1,15}}+){_WS}*+"
     rf"\[([^\]\r\n\x1b]*+)\]{_WS}*+")
-
-
-def _single_draw(line: str) -> tuple[str | None, int, str, str | None] | None:
-    """A \n-line that is `\r` and one plain bar draw (spaces after it at most; no escape), as _segments frames it:
-    (description, count, total, bracket text when it holds a `=`), else None. Ray's log monitor prints each draw of
-    a worker's bar as such a line."""
-    m = _DRAW_LINE.fullmatch(line)
-    if m is None:
-        return None
-    description, n, total, bracket = m.groups()
-    return description, int(n), total, bracket if "=" in bracket else None
 
 
 class ConsoleSink(Protocol):
@@ -91,8 +81,8 @@ class ConsoleSink(Protocol):
     # Optional: `postfix(description, n, total, bracket, nested)`, a bar draw whose bracket text (`bracket`, inside
     # the [ ]) holds a `key=value` postfix, nested bars (drawn with cursor-up escapes) included (console/postfix.py).
     # Optional: `nested_bar()`, a nested bar's draw without a postfix (left out, counted).
-    # Optional: `bar_run(draws)`, (description, n, total, bracket or None) of lines that are one plain draw each:
-    # bar() for each, and postfix(..., False) for each whose bracket holds a `=`.
+    # Optional: `bar_run(draws)`, (description, count, total, bracket text) of lines that are one plain draw each
+    # (_DRAW_LINE's groups): bar() for each, and postfix(..., False) for each whose bracket holds a `=`.
 
     # Optional: `line_run(texts)`, the same as `line(text)` for each in turn (a run of plain lines at once).
     # Optional: `redrawn_run(columns, start, stop) -> int`, tqdm.write's lines (_LINES) at once: `columns` holds
@@ -151,7 +141,8 @@ class ConsoleFramer:
         framer's whole cost in a combined stream (three to four per record)."""
         # findall makes a 7-tuple a line: only where lines are long enough for that to cost little next to them
         # (tqdm.write's are hundreds of characters; a hostile text of `\r\n`s must not cost a tuple each).
-        if self._redrawn is not None and fastpath.ENABLED and "\r" in text \
+        # (Without a `\r{` no line is tqdm.write's: split, as for a Ray worker's bar draws.)
+        if self._redrawn is not None and fastpath.ENABLED and "\r{" in text \
                 and text.count("\n") * _MIN_MEAN_LINE <= len(text):
             parts = _LINES.findall(text)
             if not may_be_overlong or max(max(map(len, map(_WHOLE, parts))),
@@ -174,12 +165,14 @@ class ConsoleFramer:
         run: list[str] = []
         drawn: list[tuple[str, ...]] = []  # a run of tqdm.write's lines: their groups
         drawn_lines: list[str] = []
-        draws: list[tuple[str | None, int, str, str | None]] = []  # a run of lines that are one bar draw each
+        draws: list[tuple[str | None, str, str, str]] = []  # a run of lines that are one bar draw each: _DRAW_LINE
+        draw_line = _DRAW_LINE.fullmatch
         for whole, first, total, further, last, metric, line in parts:
             if bars is not None:
                 if not whole and (not line or line == _CURSOR_UP):
                     continue  # frames as nothing (Ray prints the newline and the cursor-up of a nested draw apart)
-                if line[:1] == "\r" and self._open is None and (draw := _single_draw(line)) is not None:
+                if line[:1] == "\r" and self._open is None and (m := draw_line(line)) is not None:
+                    draw = m.groups()
                     if run:
                         batch(run)  # type: ignore[misc]
                         run = []
