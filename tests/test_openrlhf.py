@@ -304,3 +304,18 @@ def test_lines_of_one_draw_each_read_the_same_with_the_fast_paths_off(seed: int,
     path = tmp_path / "mutated.log"
     path.write_text("\n".join(lines), encoding="utf-8", newline="")
     assert_same(path)
+
+
+def test_episodes_and_epochs_continue_the_step() -> None:
+    from exporter.console.postfix import PostfixReader
+
+    reader = PostfixReader()
+    steps = []
+    for desc, n in [("Episode [1/2]:  99%", 98), ("Episode [1/2]: 100%", 99), ("Episode [2/2]:   0%", 0),
+                    ("Episode [2/2]:   1%", 1)]:
+        reader.draw(desc, n, "100", f"00:01<00:02,  1.0s/it, kl={n}, loss=0.{n}", 0)
+        steps += [r.step for r in reader.release(len(steps))]
+    assert steps == [99, 100, 101, 102]  # episode 2 goes on from the 100 steps of episode 1
+    reader = PostfixReader()
+    reader.draw("Train step of epoch 3", 4, "50", "00:01<00:02,  1.0s/it, gpt_loss=1.5", 0)
+    assert [r.step for r in reader.release(0)] == [3 * 50 + 5]  # epochs are 0-based
