@@ -319,3 +319,16 @@ def test_episodes_and_epochs_continue_the_step() -> None:
     reader = PostfixReader()
     reader.draw("Train step of epoch 3", 4, "50", "00:01<00:02,  1.0s/it, gpt_loss=1.5", 0)
     assert [r.step for r in reader.release(0)] == [3 * 50 + 5]  # epochs are 0-based
+
+
+def test_hostile_postfixes_cost_a_count_not_the_sidecar(tmp_path: Path) -> None:
+    pairs = ", ".join(f"k{i}={i}.5" for i in range(2000))
+    lines = [f"\rtrain:   1%|1         | {n}/100 [00:01<02:18,  1.40s/it, {pairs}, n={n}]\n" for n in range(3)]
+    lines += [f"\rEpisode [{10**8 + n}/9]:   1%|1      | {n}/999999999999999 [00:01<02:18,  1.40s/it, kl=1]\n"
+              for n in range(5000)]  # another bar, its description new at every draw
+    lines.append("\rtrain:   1%|1         | 3/100 [00:01<02:18,  1.40s/it, loss=nan, kl=1e+999, x=tensor(1.0, d=2)]\n")
+    ex = read_text(tmp_path, "".join(lines))
+    run, counts = ex.runs["r"], ex.stats["r"].lines
+    assert run.records[RecordKind.TRAIN] == 4 and run.keys_dropped["max_keys"] > 0  # the run's own limits hold
+    assert counts[FORMAT, "not_training"] == 5000
+    assert run.values_skipped["non_numeric"] >= 1 and run.values_skipped["out_of_range"] >= 1

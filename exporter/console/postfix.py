@@ -47,7 +47,6 @@ _NOT_TRAINING = re.compile(r"eval|valid|^test|^Train epoch \[|generat|^sampl|loa
                            re.IGNORECASE)
 _EPISODE = re.compile(r"Episode \[(\d{1,9})/\d{1,9}\]")  # OpenRLHF PPO: 1-based
 _EPOCH_OF = re.compile(r"\bepoch (\d{1,9})\s*$")  # OpenRLHF `Train step of epoch N`: 0-based
-_MAX_PAIRS = 512
 _NONE: list[Record] = []  # returned, never changed
 _MAX_NAMES = 4096
 
@@ -63,9 +62,7 @@ def postfix_pairs(bracket: str) -> list[tuple[str, str]]:
             pairs.append((key.strip(), value.strip()))
         elif pairs:
             pairs[-1] = (pairs[-1][0], pairs[-1][1] + ", " + piece)
-        if len(pairs) > _MAX_PAIRS:
-            break
-    return pairs
+    return pairs  # as many as the line holds (limits.max_line_length): the run's key limits count the excess
 
 
 def postfix_record(pairs: list[tuple[str, str]], step: int) -> Record | None:
