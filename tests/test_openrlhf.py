@@ -332,3 +332,20 @@ def test_hostile_postfixes_cost_a_count_not_the_sidecar(tmp_path: Path) -> None:
     assert run.records[RecordKind.TRAIN] == 4 and run.keys_dropped["max_keys"] > 0  # the run's own limits hold
     assert counts[FORMAT, "not_training"] == 5000
     assert run.values_skipped["non_numeric"] >= 1 and run.values_skipped["out_of_range"] >= 1
+
+
+def test_a_held_postfix_record_is_let_go_when_the_stream_goes_quiet() -> None:
+    from exporter.instruments.keymap import KeyMap
+    from exporter.parsers.chain import LineParserChain
+    from exporter.pipeline import ConsoleStream, IngestStats
+    from exporter.runstate import RunState
+
+    run = RunState("r", KeyMap())
+    stream = ConsoleStream(run, IngestStats(), LineParserChain())
+    stream.feed("\rEpisode [1/1]:   0%|          | 0/200 [00:00<?, ?it/s]\n")
+    stream.feed("\rEpisode [1/1]:   0%|          | 0/200 [00:36<?, ?it/s, policy_loss=0.0123, kl=0.0456]\n")
+    assert run.records[RecordKind.TRAIN] == 0  # held for the update() draw that follows set_postfix()'s
+    stream.settle(3600.0)
+    assert run.records[RecordKind.TRAIN] == 0  # not quiet yet
+    stream.settle(0.0)  # quiet: no update() draw is coming
+    assert run.records[RecordKind.TRAIN] == 1 and run.step == 1
