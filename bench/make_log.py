@@ -187,11 +187,15 @@ VERL_KEYS: tuple[str, ...] = (
 )  # fmt: skip
 VERL_VAL_KEYS = ("val-core/openai/gsm8k/reward/mean@1", "val-aux/openai/gsm8k/reward/std@1")
 VERL_VAL_EVERY = 100  # steps between validation keys joining the step line (test_freq)
+# The keys of OpenRLHF v0.11.0's PPO step line (with a critic) as tests/fixtures/openrlhf/make.py reproduces it.
 OPENRLHF_KEYS: tuple[str, ...] = (
-    "policy_loss", "actor_lr", "actor_grad_norm", "ppo_clip_ratio", "ppo_kl", "kl", "logprobs_diff", "reward",
-    "return", "group_reward_std", "response_length", "total_length", "critic_loss", "values", "critic_lr",
-    "timing/generation", "timing/make_experience", "timing/ppo_train",
+    "policy_loss", "actor_lr", "kl", "reward", "return", "response_length", "total_length", "critic_loss", "values",
+    "critic_lr", "actor_grad_norm", "ppo_clip_ratio", "ppo_kl", "logprobs_diff", "entropy_loss",
+    "timing/make_experience", "timing/ppo_train", "timing/broadcast", "timing/generation", "rollout/reward_mean",
+    "rollout/reward_std", "rollout/response_length_mean", "rollout/truncated_rate", "rollout/num_samples",
+    "critic_grad_norm", "timing/step_total",
 )  # fmt: skip
+OPENRLHF_LINES_PER_STEP = 70  # console lines (\r and \n pieces) of one step of that log
 SHAPES = ("trl", "trl-dict", "verl-console", "verl-jsonl", "jsonl", "openrlhf")
 
 
@@ -237,10 +241,6 @@ def make_synthetic(shape: str, out: Path, lines: int, seed: int = 14) -> dict[st
             elif shape == "jsonl":
                 v = {k.replace("actor/", "train/"): x for k, x in _verl_values(step, rng).items()}
                 f.write(json.dumps({"step": step, **v}) + "\n")
-            elif shape == "openrlhf":
-                v = {k: rng.gauss(0, 1) * 10 ** rng.randrange(-3, 2) for k in OPENRLHF_KEYS}
-                f.write(f"INFO 05-12 10:{step // 60 % 60:02d}:{step % 60:02d} ppo_trainer.py:412] "
-                        f"\u2728 Global step {step}: {v!r}\n")
             else:
                 raise SystemExit(f"make_log: unknown shape {shape}")
             records += 1
@@ -272,6 +272,29 @@ def make_trl_dict_only(source: Path, out: Path, lines: int) -> dict[str, object]
     Path(str(out) + ".meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 
+def make_openrlhf(out: Path, lines: int) -> dict[str, object]:
+    """OpenRLHF v0.11.0 PPO with a critic as its console shows it (tests/fixtures/openrlhf/make.py: Ray's coloured
+    actor prefixes, the workers' `Train epoch` bars with a postfix per micro-batch, the controller's `Episode` and
+    `Generate samples` bars, logger lines, a `✨ Global step N: {...}` line of 26 keys a step, an eval line every 50
+    steps), about `lines` console lines long."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "openrlhf_make", Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "openrlhf" / "make.py")
+    make = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(make)  # type: ignore[union-attr]
+    steps = max(1, lines // OPENRLHF_LINES_PER_STEP)
+    text, truth = make.build("ppo_v0_11_0", steps)
+    if set(truth[steps]) != set(OPENRLHF_KEYS):
+        raise SystemExit(f"make_log: make.py's step line keys changed: {sorted(truth[steps])}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8", newline="")
+    meta: dict[str, object] = {"shape": "openrlhf", "path": str(out), "bytes": out.stat().st_size, "records": steps,
+                               "final_step": steps}
+    Path(str(out) + ".meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT, help=f"output log (default {DEFAULT_OUT})")
@@ -289,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         meta = make_log(args.source, args.out, args.size_mb, args.reps)
     elif args.shape == "trl-dict":
         meta = make_trl_dict_only(DEFAULT_SOURCE.with_name("stdout.log"), args.out, args.lines)
+    elif args.shape == "openrlhf":
+        meta = make_openrlhf(args.out, args.lines)
     else:
         meta = make_synthetic(args.shape, args.out, args.lines)
     print(f"wrote {meta['path']}: {meta['bytes']:,} bytes, final step {meta['final_step']:,} "

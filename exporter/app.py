@@ -71,7 +71,8 @@ class Exporter:
             else:
                 sink = MaybeFeed(run, lambda: self.run_state(launch.run), launch, self._merged)
         return ConsoleStream(sink, self.stats[spec.run],  # type: ignore[arg-type]  (a RunState to the stream)
-                             LineParserChain(spec.format, self.cfg.formats), self.cfg.limits.max_line_length)
+                             LineParserChain(spec.format, self.cfg.formats), self.cfg.limits.max_line_length,
+                             spec.gradient_accumulation)
 
     def _reader(self, spec: LogSpec) -> Source | None:
         """The input reading `spec` as what its path holds, or None while that cannot be told."""

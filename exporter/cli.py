@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -326,7 +327,7 @@ def _distinct_runs(specs: list[LogSpec], explicit: list[bool]) -> list[LogSpec]:
         for i, unique in zip(derived, _names_from_folders([out[i].path for i in derived], others), strict=True):
             log.info("%s: run %r is taken by another log; naming this one %r (set a run to choose)",
                      out[i].path, name, unique)
-            out[i] = LogSpec(out[i].path, unique, out[i].format)
+            out[i] = dataclasses.replace(out[i], run=unique)
     return out
 
 

@@ -69,6 +69,9 @@ class LogSpec:
     path: str
     run: str
     format: str = "auto"
+    # Micro-batches per optimizer step, for steps read off a progress bar that counts micro-batches (OpenRLHF's
+    # `Train step of epoch N`; console/postfix.py)
+    gradient_accumulation: int = 1
 
 
 STOP_SEVERITIES = ("critical", "warning")  # critical: pages only; warning: pages and warnings
@@ -356,14 +359,17 @@ def _logs(raw: Any, formats: set[str], default_run: str | None) -> list[LogSpec]
         if isinstance(entry, str):
             entry = {"path": entry}
         _expect(isinstance(entry, dict) and isinstance(entry.get("path"), str), where, "needs a `path` string")
-        _only_known(entry, {"path", "run", "format"}, where)
+        _only_known(entry, {"path", "run", "format", "gradient_accumulation"}, where)
         fmt = entry.get("format", "auto")
         _expect(isinstance(fmt, str) and fmt in formats, f"{where}.format",
                 f"unknown format {shown(fmt)} (known: {', '.join(sorted(formats))})")
         run = entry.get("run", default_run or default_run_name(entry["path"]))
         _expect(isinstance(run, str) and bool(_LABEL_VALUE.match(run)), f"{where}.run",
                 "must be a non-empty string without spaces or braces")
-        out.append(LogSpec(entry["path"], run, fmt))
+        accumulation = entry.get("gradient_accumulation", 1)
+        _expect(type(accumulation) is int and 1 <= accumulation <= 1 << 20, f"{where}.gradient_accumulation",
+                "must be a whole number of micro-batches per optimizer step, 1 or more")
+        out.append(LogSpec(entry["path"], run, fmt, accumulation))
     return out
 
 

@@ -7,10 +7,12 @@ import time
 from collections import Counter
 
 from exporter.console.framing import MAX_LINE_LENGTH, ConsoleFramer
+from exporter.console.postfix import FORMAT as POSTFIX_FORMAT
+from exporter.console.postfix import PostfixReader
 from exporter.console.steps import StepClock
 from exporter.parsers import fastpath
 from exporter.parsers.chain import LineParserChain
-from exporter.parsers.record import ParseError, Record
+from exporter.parsers.record import ParseError, Record, RecordKind
 from exporter.runstate import RunState
 from exporter.samples.diversity import diversity_record
 from exporter.samples.reader import PanelError, SampleReader
@@ -60,6 +62,11 @@ class IngestStats:
         self.warn_once(run, (fmt, reason), message + "; further ones are only counted in "
                        "posttrain_exporter_parse_errors_total", *args)
 
+    @property
+    def bars_seen(self) -> int:
+        """Progress-bar draws read, nested bars' included: with no record, a run whose metrics were not found."""
+        return self.bar_draws + self.lines["tqdm", "nested"]
+
     def line_counts(self) -> dict[tuple[str, str], int]:
         counts = dict(self.lines)
         if self.bar_draws:
@@ -71,13 +78,14 @@ class ConsoleStream:
     """Text of one stream (a file, stdin) in, records into `run` out. It is the framer's sink."""
 
     def __init__(self, run: RunState, stats: IngestStats, parsers: LineParserChain,
-                 max_line_length: int = MAX_LINE_LENGTH) -> None:
+                 max_line_length: int = MAX_LINE_LENGTH, accumulation: int = 1) -> None:
         self.run = run
         self.stats = stats
         self.parsers = parsers
         self.framer = ConsoleFramer(self, max_line_length)
         self.clock = StepClock(stats.step_disagreements)
         self.samples = SampleReader()  # lines no metric parser takes: the trainer's printed completions
+        self.postfixes = PostfixReader(stats.lines, accumulation)  # metrics in bar postfixes (console/postfix.py)
         self.last_data = time.monotonic()
         self._waiting_since: float | None = None  # when records began to wait for a progress-bar redraw
 
@@ -94,6 +102,8 @@ class ConsoleStream:
         self.framer.flush()
         self._waiting_since = None
         self._ingest(self.clock.flush())
+        self._release_postfix()
+        self._no_records_after_bars()
 
     def settle(self, wait_seconds: float) -> None:
         """Called at every poll: when the stream has been quiet this long, or records have waited this
@@ -104,6 +114,8 @@ class ConsoleStream:
         if quiet or (self._waiting_since is not None and now - self._waiting_since >= wait_seconds):
             self._waiting_since = None
             self._ingest(self.clock.flush())
+        if quiet:
+            self._release_postfix()
 
     # --- the framer's sink ----------------------------------------------------------------------
 
@@ -115,6 +127,48 @@ class ConsoleStream:
 
     def clear(self) -> None:
         self.clock.clear()
+        self.postfixes.cleared()
+
+    def postfix(self, description: str | None, n: int, total: str, bracket: str, nested: bool) -> None:
+        for rec in self.postfixes.draw(description, n, total, bracket, self.run.records[RecordKind.TRAIN]):
+            self._ingest(self.clock.record(rec))
+
+    def bar_run(self, draws: list[tuple[str | None, str, str, str]]) -> None:
+        """bar() and postfix() of each of `draws`, lines that are one bar draw each (description, count, total,
+        bracket text), in one call: a bar with a description costs the clock nothing, and the postfix of a bar
+        that is not the training bar is only counted."""
+        self.stats.bar_draws += len(draws)
+        clock, postfixes, records = self.clock, self.postfixes, self.run.records
+        refused = postfixes.refused
+        not_training = 0
+        for description, n, total, bracket in draws:
+            if not description or description.isspace():
+                released = clock.bar(int(n), total, description)
+                if released:
+                    self._ingest(released)
+            if "=" in bracket:
+                if description in refused and postfixes.idle:
+                    not_training += 1
+                    continue
+                for rec in postfixes.draw(description, int(n), total, bracket, records[RecordKind.TRAIN]):
+                    self._ingest(clock.record(rec))
+        if not_training:
+            self.stats.lines[POSTFIX_FORMAT, "not_training"] += not_training
+
+    def _release_postfix(self) -> None:
+        """The postfix record waiting for its bar's next draw, when none is coming (the stream ended or went quiet)."""
+        for rec in self.postfixes.release(self.run.records[RecordKind.TRAIN]):
+            self._ingest(self.clock.record(rec))
+
+    def nested_bar(self) -> None:
+        self.stats.lines["tqdm", "nested"] += 1
+
+    def _no_records_after_bars(self) -> None:
+        """Said once: progress bars were read, but no record (their metrics, if any, are in no shape read)."""
+        if self.stats.bars_seen and not sum(self.run.records.values()):
+            self.stats.warn_once(self.run.name, ("bars_without_records",), "read %d progress-bar draws but no "
+                                 "metric record: no line or bar postfix of this log is in a format the exporter "
+                                 "reads (posttrain_exporter_lines_total by format and outcome)", self.stats.bars_seen)
 
     def abandoned(self, text: str) -> None:
         self._error(ParseError("cut_line", text[:60], "unknown"))

@@ -47,6 +47,20 @@ _MIN_MEAN_LINE = 64  # characters a line on average, for _LINES
 # (Possessive: `\d+[^)]*` without a `)` after it backtracked over every split of the digits.)
 _LINE_START = re.compile(r"^(?:\{['\"]|(?:\([\w.-]++ pid=\d++[^)]*+\)\s++)?step:\d++ - )")
 MAX_LINE_LENGTH = 1 << 20  # characters; the config's limits.max_line_length
+# Ray's coloured actor prefix, which its driver prints before each line an actor printed (colorama's DIM, a colour,
+# `(PPOTrainer pid=4242)` or `(pid=12, ip=10.0.0.5)`, RESET_ALL, a space): framing, not text. Taken out before
+# the text is cut, so that a bar draw behind it (`prefix \r<bar>`) is a bar draw, and a line a line.
+_RAY_PREFIX_START = "\x1b[2m\x1b[3"
+_RAY_PREFIX = re.compile(r"\x1b\[2m\x1b\[3\dm\((?:[\w.-]{1,128}+ )?+pid=\d{1,10}+(?:, ip=[\w.:]{1,64}+)?+\)\x1b\[0m ?+")
+
+
+# A \n-line that is `\r` and one plain bar draw, spaces after it at most (no other \r, no escape: the classes leave
+# them out), as _segments frames it (_BAR): description (None: only the percentage), count, total, bracket text.
+# Ray's log monitor prints each draw of a worker's bar as such a line.
+_WS = r"[^\S\r\n]"  # \s of a segment: no \r or \n in it
+_DRAW_LINE = re.compile(
+    rf"\r(?:{_WS}*+\d{{1,3}}+%|([^{{|\r\n\x1b]*+))\|[^|\r\n\x1b]*+\|{_WS}*+(\d{{1,15}}+)/(\d{{1,15}}+){_WS}*+"
+    rf"\[([^\]\r\n\x1b]*+)\]{_WS}*+")
 
 
 class ConsoleSink(Protocol):
@@ -63,6 +77,12 @@ class ConsoleSink(Protocol):
     def abandoned(self, text: str) -> None: ...  # an opened metric line whose rest never came
 
     def overlong(self) -> None: ...  # a line longer than max_line_length was dropped
+
+    # Optional: `postfix(description, n, total, bracket, nested)`, a bar draw whose bracket text (`bracket`, inside
+    # the [ ]) holds a `key=value` postfix, nested bars (drawn with cursor-up escapes) included (console/postfix.py).
+    # Optional: `nested_bar()`, a nested bar's draw without a postfix (left out, counted).
+    # Optional: `bar_run(draws)`, (description, count, total, bracket text) of lines that are one plain draw each
+    # (_DRAW_LINE's groups): bar() for each, and postfix(..., False) for each whose bracket holds a `=`.
 
     # Optional: `line_run(texts)`, the same as `line(text)` for each in turn (a run of plain lines at once).
     # Optional: `redrawn_run(columns, start, stop) -> int`, tqdm.write's lines (_LINES) at once: `columns` holds
@@ -81,8 +101,13 @@ class ConsoleFramer:
         self._open: str | None = None  # start of a metric line cut by a \r
         self._batch = getattr(sink, "line_run", None)  # a run of plain \n-terminated lines at once
         self._redrawn = getattr(sink, "redrawn_run", None)  # a run of tqdm.write's lines at once
+        self._postfix = getattr(sink, "postfix", None)  # bar draws with a postfix (console/postfix.py)
+        self._nested_bar = getattr(sink, "nested_bar", None)
+        self._bar_run = getattr(sink, "bar_run", None)  # lines that are one bar draw each, at once
 
     def feed(self, text: str) -> None:
+        if _RAY_PREFIX_START in text:
+            text = _RAY_PREFIX.sub("", text)
         if self._skipping:
             text = self._skip_overlong(text)
         if not text:
@@ -116,7 +141,8 @@ class ConsoleFramer:
         framer's whole cost in a combined stream (three to four per record)."""
         # findall makes a 7-tuple a line: only where lines are long enough for that to cost little next to them
         # (tqdm.write's are hundreds of characters; a hostile text of `\r\n`s must not cost a tuple each).
-        if self._redrawn is not None and fastpath.ENABLED and "\r" in text \
+        # (Without a `\r{` no line is tqdm.write's: split, as for a Ray worker's bar draws.)
+        if self._redrawn is not None and fastpath.ENABLED and "\r{" in text \
                 and text.count("\n") * _MIN_MEAN_LINE <= len(text):
             parts = _LINES.findall(text)
             if not may_be_overlong or max(max(map(len, map(_WHOLE, parts))),
@@ -135,10 +161,29 @@ class ConsoleFramer:
         go to the sink in one call (sink.line_run): a trainer without bars prints nothing else. Runs of tqdm.write's
         lines go to sink.redrawn_run: a combined stream prints little else."""
         batch = self._batch if fastpath.ENABLED else None
+        bars = self._bar_run if fastpath.ENABLED else None
         run: list[str] = []
         drawn: list[tuple[str, ...]] = []  # a run of tqdm.write's lines: their groups
         drawn_lines: list[str] = []
+        draws: list[tuple[str | None, str, str, str]] = []  # a run of lines that are one bar draw each: _DRAW_LINE
+        draw_line = _DRAW_LINE.fullmatch
         for whole, first, total, further, last, metric, line in parts:
+            if bars is not None:
+                if not whole and (not line or line == _CURSOR_UP):
+                    continue  # frames as nothing (Ray prints the newline and the cursor-up of a nested draw apart)
+                if line[:1] == "\r" and self._open is None and (m := draw_line(line)) is not None:
+                    draw = m.groups()
+                    if run:
+                        batch(run)  # type: ignore[misc]
+                        run = []
+                    if drawn:
+                        self._redrawn_run(drawn, drawn_lines)
+                        drawn, drawn_lines = [], []
+                    draws.append(draw)
+                    continue
+                if draws:
+                    bars(draws)
+                    draws = []
             if whole:
                 # No \r or escape in the metric line (after it, a cut line could be held open), no line held open.
                 if self._open is None and "\r" not in metric and "\x1b" not in metric:
@@ -167,6 +212,8 @@ class ConsoleFramer:
             batch(run)  # type: ignore[misc]
         if drawn:
             self._redrawn_run(drawn, drawn_lines)
+        if draws:
+            bars(draws)  # type: ignore[misc]
 
     def _line(self, line: str) -> None:
         """A \n-terminated line (without its \n), segment by segment."""
@@ -247,6 +294,8 @@ class ConsoleFramer:
                 if m is not None and m.end() == len(raw):  # a plain bar draw, nothing after it
                     description, n, total = m.groups()
                     sink.bar(int(n), total, description)
+                    if "=" in raw and self._postfix is not None:
+                        self._postfix_of(m, raw, False)
                     continue
             elif " " == raw[0] == raw[-1] and raw.isspace():
                 if len(raw) >= _CLEAR_MIN_SPACES:
@@ -276,6 +325,11 @@ class ConsoleFramer:
                 if _CURSOR_UP not in raw:
                     description, n, total = m.groups()
                     self.sink.bar(int(n), total, description)
+                    if "=" in text and self._postfix is not None:
+                        self._postfix_of(m, text, False)
+                elif not ("=" in text and self._postfix is not None and self._postfix_of(m, text, True)) \
+                        and self._nested_bar is not None:
+                    self._nested_bar()  # a nested bar (evaluation's, an inner loop's): left out, counted
                 rest = text[m.end() :]
                 if rest and not rest.isspace():
                     self._text(rest, newline)
@@ -287,6 +341,15 @@ class ConsoleFramer:
             return
         if text:
             self._text(text, newline)
+
+    def _postfix_of(self, m: re.Match[str], text: str, nested: bool) -> bool:
+        """Offers the bar draw `m` (of `text`) to sink.postfix when its bracket holds a `key=value`."""
+        bracket = text[text.index("[", m.end(3)) + 1 : m.end() - 1]
+        if "=" not in bracket:
+            return False
+        description, n, total = m.groups()
+        self._postfix(description, int(n), total, bracket, nested)  # type: ignore[misc]
+        return True
 
     def _text(self, text: str, newline: bool) -> None:
         if self._open is not None:

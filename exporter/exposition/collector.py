@@ -164,7 +164,10 @@ class ExporterCollector(Collector):
         ex = self.exporter
         p = "posttrain_exporter_"
         lines = CounterMetricFamily(p + "lines", "Lines (and progress-bar draws) read, by format and outcome "
-                                    "(record, progress, unmatched, error).", labels=["run", "format", "outcome"])
+                                    "(record, progress, unmatched, error; format tqdm: nested, a nested bar's draw "
+                                    "left out; format tqdm_postfix, each draw whose bar postfix holds key=value: "
+                                    "record, repeat, not_training, superseded, accumulating, no_numbers).",
+                                    labels=["run", "format", "outcome"])
         errors = CounterMetricFamily(p + "parse_errors", "Lines that looked like a format but could not be "
                                      "read, by reason.", labels=["run", "format", "reason"])
         records = CounterMetricFamily(p + "records", "Records ingested, by kind (train, eval, summary).",

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from exporter.parsers.fastpath import VerlConsoleFast
 from exporter.parsers.jsonl import parse_json_line
 from exporter.parsers.katib import parse_katib_anywhere, parse_katib_strict
+from exporter.parsers.openrlhf_eval import parse_openrlhf_eval
 from exporter.parsers.prefix import without_ray_suffix
 from exporter.parsers.pydict import (
     parse_hf_dict,
@@ -33,7 +34,7 @@ BUILTIN_FORMATS: dict[str, LineParser] = {
     "hf": lambda line: parse_hf_dict(line) if line.startswith("{'") else parse_hf_line(line),
     "json": parse_json_line,
     "verl": _verl,
-    "openrlhf": parse_openrlhf,
+    "openrlhf": lambda line: parse_openrlhf(line) or parse_openrlhf_eval(line),
     "katib": parse_katib_anywhere,
 }
 # Not a line format: trainer_state.json is read whole (sources/trainer_state.py).
@@ -112,7 +113,8 @@ class LineParserChain:
             return parse_json_line(s)
         if "{'" in line:
             line = without_ray_suffix(line)
-            rec = parse_openrlhf(line) if "Global step" in line else None
+            rec = parse_openrlhf(line) if "Global step" in line else (
+                parse_openrlhf_eval(line) if "eval_metrics: {" in line else None)
             return rec if rec is not None else parse_hf_line(line)
         if "step:" in line:
             return _verl(line)
