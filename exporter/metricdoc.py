@@ -59,7 +59,7 @@ def render() -> str:
         label = f"{{run, {inst.label}}}" if inst.label else "{run}"
         lines.append(f"### `{inst.metric}{label}`\n")
         lines.append(f"{inst.help}\n")
-        lines.append(f"- Serves: {inst.seed}")
+        lines.append(f"- Serves: {inst.serves}")
         lines.append("- Fed by: " + ("; ".join(keys[inst.name]) if keys[inst.name] else "config aliases only"))
         lines.append("")
     lines.append("## Derived series\n")
@@ -76,10 +76,10 @@ def render() -> str:
                  "{detector}` (active, held steps, required steps, onsets, spikes, value, limit, since step); each "
                  "is reported by one alert of rules/posttrain.alerts.yml. `steps`: logged steps the condition must "
                  "hold (config `detectors.<name>.steps`). The rules behind them: [derived.md](derived.md#detectors).\n")
-    lines.append("| detector | alert | severity | judged | steps | serves |")
+    lines.append("| detector | alert | severity | judged | steps | basis |")
     lines.append("| --- | --- | --- | --- | --- | --- |")
     for d in DETECTORS:
-        lines.append(f"| `{d.name}` | {d.alert} | {d.severity} | {d.help} | {d.required} | {d.seed} |")
+        lines.append(f"| `{d.name}` | {d.alert} | {d.severity} | {d.help} | {d.required} | {d.basis} |")
     lines.append("")
     lines.append("## GPU (NVML)\n")
     lines.append("The `posttrain_gpu_*` families (utilization, memory, power, temperature, clocks, energy, throttle "

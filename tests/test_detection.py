@@ -62,7 +62,8 @@ def test_a_healthy_run_raises_nothing(run: LabelledRun) -> None:
                          ids=lambda x: x.name if isinstance(x, LabelledRun) else x)
 def test_a_pathology_is_caught_within_ten_logged_steps(run: LabelledRun, pathology: str) -> None:
     """A warning (or a page) on the pathology's instruments within 10 logged steps of its onset (a reward-std
-    collapse: 20, see support/corpus.py); the seeds' stop signs also page, within the same bound."""
+    collapse: 20, see support/corpus.py); the stop signs (KL blow-up, reward-std collapse) also page, within the
+    same bound."""
     fs = findings(read_log(run.log))
     caught = catching(run, fs, pathology)
     onset = run.onsets[pathology]

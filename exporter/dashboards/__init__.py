@@ -5,7 +5,8 @@
     grpo.py, ppo.py, dpo.py, sft.py, gpu.py   one board each
 
 `python scripts/gen_dashboards.py [--check]` writes (or checks) grafana/*.json from `render()`. The panel layout
-follows the guide: GRPO's primary / secondary / tertiary rows, the production RL layout for PPO and DPO, the
+puts what decides a run first: GRPO's primary / secondary / tertiary rows (reward std, reward and KL; length,
+clipping and entropy; reward components and the loss), reward, KL and clipping first for PPO and DPO, the
 fundamentals for SFT, the GPU's phases. Thresholds are drawn from the exported posttrain_threshold series: the
 run's own values (the defaults unless the run's config overrides them).
 

@@ -1,5 +1,5 @@
-"""The GRPO board: reward std is primary, loss is relegated to anomalies (the primary / secondary / tertiary rows
-of the guide's GRPO instrument cluster)."""
+"""The GRPO board: reward std is primary, loss is relegated to anomalies (primary: reward std, reward,
+KL; secondary: length, truncation, clipping, entropy; tertiary: reward components and the loss)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ OPTIONAL: dict[tuple[str, str, str], str] = {
 
 def grpo() -> dict:
     return dashboard(UID, "Post-training: GRPO",
-                     "GRPO instrument cluster: reward std is primary, loss is relegated to anomalies.", [
+                     "GRPO: reward std is primary, loss is relegated to anomalies.", [
         row("Run state", [
             *step_stats(w=4), regime_panel(w=12),
             state("Dead reward components",

@@ -21,7 +21,7 @@ from exporter.dashboards.panels import detectors_panel, fundamentals, regime_pan
 
 def ppo() -> dict:
     return dashboard("posttrain-ppo", "Post-training: PPO",
-                     "PPO instrument cluster: reward dynamics, KL health, policy ratio and clip "
+                     "PPO: reward dynamics, KL health, policy ratio and clip "
                      "fraction, value function, fundamentals.", [
         row("Run state", [*step_stats(w=4), regime_panel(w=12), detectors_panel()]),
         row("Reward dynamics and KL", [

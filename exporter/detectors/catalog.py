@@ -3,9 +3,10 @@ its severity and the alert that reports it. The alert rules (rules/posttrain.ale
 headings and docs/derived.md's table are generated from or checked against this table.
 
 A condition is judged at each logged point of the detector's input, on a robust recent level (a short
-median or mean of the last few points, so one noisy step is not a state) against a limit: the seeds'
-absolute numbers where the seeds state them, else a multiple of the run's own baseline (the median of
-its first logged points), where the seeds say that the healthy level depends on the task."""
+median or mean of the last few points, so one noisy step is not a state) against a limit: an absolute
+number where a level means about the same on every run (the project's defaults, all configurable), else a
+multiple of the run's own baseline (the median of its first logged points), where the healthy level depends
+on the task. docs/derived.md says where each limit comes from."""
 
 from __future__ import annotations
 
@@ -59,8 +60,8 @@ SHARE_POINTS = 10
 SHARE_HELD = 0.9  # the state holds while at least this share of the last SHARE_POINTS is beyond the limit
 SHARE_ENDED = 0.5  # and has ended once no more than this share is
 SIGNAL = 10  # points of the mean of zero-inflated inputs (reward std, clipping): a few groups tie often
-TREND = 50  # points of a trend (the seeds' deque(maxlen=50))
-TREND_MIN = 10  # a trend needs at least this many points (the seeds' len(history) >= 10)
+TREND = 50  # points of a trend: as the derived series' default window
+TREND_MIN = 10  # a trend needs at least this many points: as the window's min_points
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +133,11 @@ class Detector:
     evaluate: Evaluator
     required: int  # logged points the condition must hold (config: detectors.<name>.steps)
     help: str  # what it judges, for HELP texts and docs
-    seed: str  # what the seeds say about it
+    basis: str  # why the condition and its limit are what they are, with a public source where one exists
     summary: str  # the alert's summary; {run} is the run
     saw: str  # what it saw, for the alert's description: {value} and {limit} are the level and its limit,
     #           {threshold.<name>} a threshold of the run
-    meaning: str  # what that means, in the seeds' terms
+    meaning: str  # what that means for the run, and what to do
     reads: tuple[SeriesKey, ...] = ()  # other inputs the evaluator reads (their streams are kept)
     clear: int | None = None  # points a state must have ended to clear; None: detectors.clear_steps
     percent: bool = False  # value and limit are shares (0..1), written as percentages
@@ -331,7 +332,7 @@ def dpo_displacement(ctx: BatchContext, v: StreamView) -> Evaluation:
 
 
 def dpo_chosen_unbounded(ctx: BatchContext, v: StreamView) -> Evaluation:
-    """Chosen rewards that keep climbing past a bound: the seeds' reward hacking in DPO."""
+    """Chosen rewards that keep climbing past a bound: the objective being exploited in DPO."""
     level = v.rolling(SHORT, "median")
     rising = ctx.direction(v.trend_t(TREND, TREND_MIN)) > 0
     with np.errstate(invalid="ignore"):
@@ -377,11 +378,11 @@ def grad_norm_high(ctx: BatchContext, v: StreamView) -> Evaluation:
 
 
 DETECTORS: tuple[Detector, ...] = (
-    # --- pages: the seeds' stop signs, sustained ---------------------------------------------------------
+    # --- pages: the stop signs, sustained -----------------------------------------------------------------
     Detector(
         "kl_critical", "PostTrainKLCritical", "critical", "kl", KL, kl_critical, 3,
         help="KL to the reference: median of the last 5 logged steps above thresholds.kl_critical.",
-        seed="Part II: KL > 1.0 is a stop sign",
+        basis="project default: KL to the reference above 1.0 per token, twice the warning level, is a stop sign",
         summary="KL divergence held beyond the stop threshold in run {run}.",
         saw="the median KL to the reference over its last 5 logged steps is {value}, above the stop threshold "
             "of {limit}",
@@ -392,7 +393,7 @@ DETECTORS: tuple[Detector, ...] = (
         reward_std_collapsed, 1,
         help="Reward std within groups below thresholds.reward_std_min at 9 of the last 10 logged steps "
              "(value: that share).",
-        seed="Part III: alert on reward std below 0.05",
+        basis="GRPO learns only from groups whose rewards differ (DeepSeekMath, arXiv:2402.03300)",
         summary="GRPO learning signal collapsed in run {run}.",
         saw="reward std within completion groups was below {threshold.reward_std_min} at {value} of its last 10 "
             "logged steps", percent=True,
@@ -402,7 +403,7 @@ DETECTORS: tuple[Detector, ...] = (
         "destructive_regime", "PostTrainDestructiveRegime", "critical", "regime", REWARD, destructive_regime, 5,
         help="KL above thresholds.kl_warning and rising while the reward falls (trends over their windows, "
              "against their noise).",
-        seed="002: KL rising with reward declining is actively destructive. Stop immediately",
+        basis="KL is the price of reward (InstructGPT, arXiv:2203.02155): paying more for less is destructive",
         summary="KL rising while reward falls in run {run}: training is actively destructive.",
         saw="KL to the reference is above the warning threshold and rising, and the reward is falling over "
             "their windows of logged steps",
@@ -411,7 +412,7 @@ DETECTORS: tuple[Detector, ...] = (
     Detector(
         "nonfinite_loss_or_kl", "PostTrainNonFiniteLossOrKL", "critical", "loss", NONFINITE, nonfinite, 2,
         help="Loss or KL logged as NaN or infinite on consecutive logged steps.",
-        seed="Part II: numerical failure",
+        basis="numerical failure: the steps after it train on garbage",
         summary="Loss or KL is not a number in run {run}.",
         saw="the loss or the KL was logged as NaN or infinite",
         meaning="A numerical failure (overflow, division by a near-zero group std, a diverged update): the "
@@ -420,14 +421,14 @@ DETECTORS: tuple[Detector, ...] = (
     Detector(
         "kl_high", "PostTrainKLWarning", "warning", "kl", KL, kl_high, 3,
         help="KL to the reference: median of the last 5 logged steps above thresholds.kl_warning.",
-        seed="Part II: KL > 0.5 is a warning",
+        basis="project default: KL to the reference above 0.5 per token is a policy drifting far",
         summary="KL divergence held above the warning threshold in run {run}.",
         saw="the median KL to the reference over its last 5 logged steps is {value}, above {limit}",
         meaning="The policy is drifting from the reference; check that the reward is still honest.", band=True),
     Detector(
         "kl_near_zero", "PostTrainKLNearZero", "warning", "kl", KL, kl_near_zero, 1,
         help="KL to the reference below thresholds.kl_near_zero at every one of the last 50 logged steps.",
-        seed="Part II/III: KL near zero throughout training: beta too high",
+        basis="a policy that never moves from its reference is not being trained",
         summary="KL stays near zero in run {run}: the policy is barely moving.",
         saw="KL to the reference stayed at or below {value} over its last 50 logged steps (limit {limit})",
         meaning="The KL penalty (beta) is probably too high or the learning rate too low."),
@@ -435,7 +436,7 @@ DETECTORS: tuple[Detector, ...] = (
         "drifting_without_gain", "PostTrainDriftingWithoutGain", "warning", "regime", REWARD,
         drifting_without_gain, 10,
         help="KL above thresholds.kl_warning and rising while the reward is flat (trends over their windows).",
-        seed="002: KL rising with reward flat: the training has run its course",
+        basis="drift without gain: the training has run its course",
         summary="KL rising with a flat reward in run {run}: the training has run its course.",
         saw="KL to the reference is above the warning threshold and keeps rising while the reward is flat over "
             "their windows of logged steps",
@@ -445,7 +446,7 @@ DETECTORS: tuple[Detector, ...] = (
         "reward_peaked_and_fell", "PostTrainRewardPeakedAndFell", "warning", "reward", REWARD,
         reward_peaked_and_fell, 10,
         help="The smoothed reward (mean of 10) below its best by more than twice its recent stddev.",
-        seed="002: a peak followed by decline: the best checkpoint is behind",
+        basis="a peak followed by a decline beyond the reward's noise: the best checkpoint is behind",
         summary="Reward peaked and fell in run {run}.",
         saw="the smoothed reward is {value} below its best so far, more than twice its recent noise ({limit})",
         meaning="The model was better earlier: the checkpoint at posttrain_reward_peak_step is the one to keep, "
@@ -454,7 +455,7 @@ DETECTORS: tuple[Detector, ...] = (
         "reward_std_falling", "PostTrainRewardStdFalling", "warning", "reward_std", REWARD_STD,
         reward_std_falling, 3,
         help="Reward std: mean of the last 20 logged steps below thresholds.reward_std_drop x its baseline.",
-        seed="Part III: reward std declining towards zero, the most common GRPO failure",
+        basis="the learning signal fading, warned before it is gone (DAPO, arXiv:2503.14476, filters such groups)",
         summary="Reward std is falling towards zero in run {run}.",
         saw="reward std within completion groups averages {value} over its last 20 logged steps, below {limit} "
             "({threshold.reward_std_drop} of its level at the run's start)",
@@ -464,7 +465,7 @@ DETECTORS: tuple[Detector, ...] = (
         COMPONENT_STD, component_dead, 3,
         help="A reward component whose std was above thresholds.component_std_min at the run's start and is "
              "below it at 18 of the last 20 logged steps.",
-        seed="Part III: a component with std < 0.01 is dead",
+        basis="a reward function that no longer varies within groups no longer ranks completions",
         summary="Reward component {component} no longer gives learning signal in run {run}.",
         saw="the std of reward component {component} within groups was below {threshold.component_std_min} at "
             "{value} of its last 20 logged steps, although it varied at the run's start", percent=True,
@@ -473,21 +474,21 @@ DETECTORS: tuple[Detector, ...] = (
         "clipping_excessive", "PostTrainClippingExcessive", "warning", "clip_total", CLIP_TOTAL,
         clipping_excessive, 3,
         help="Ratio clipping (low + high): mean of the last 10 logged steps above thresholds.clip_excessive.",
-        seed="Part III: excessive clipping > 40%",
+        basis="PPO's clipped objective (arXiv:1707.06347): 40% of tokens at the clip bound is excessive",
         summary="Excessive ratio clipping in run {run}.",
         saw="{value} of tokens were clipped (low + high, mean of its last 10 logged steps), above {limit}",
         percent=True, meaning="The learning rate is probably too high for the trust region."),
     Detector(
         "clipping_high", "PostTrainClippingHigh", "warning", "clip_total", CLIP_TOTAL, clipping_high, 3,
         help="Ratio clipping (low + high): mean of the last 10 logged steps above thresholds.clip_high.",
-        seed="Part II: clip fraction > 30%",
+        basis="PPO's clipped objective (arXiv:1707.06347): a third of tokens at the clip bound is too much",
         summary="Most updates are clipped in run {run}.",
         saw="{value} of tokens were clipped (low + high, mean of its last 10 logged steps), above {limit}",
         percent=True, meaning="The learning rate is too high relative to epsilon."),
     Detector(
         "clipping_rising", "PostTrainClippingRising", "warning", "clip_total", CLIP_TOTAL, clipping_rising, 5,
         help="Ratio clipping: mean of the last 10 above thresholds.clip_rise_factor x its baseline, and rising.",
-        seed="Part II: clip fraction growing over time often precedes a KL explosion",
+        basis="clipping growing against the run's start: updates ever more aggressive, before KL blows up",
         summary="Clipping keeps growing in run {run}.",
         saw="ratio clipping averages {value} over its last 10 logged steps, above {limit} "
             "({threshold.clip_rise_factor}x its level at the run's start), and is rising", percent=True,
@@ -495,7 +496,7 @@ DETECTORS: tuple[Detector, ...] = (
     Detector(
         "clipping_stopped", "PostTrainClippingStopped", "warning", "clip_total", CLIP_TOTAL, clipping_stopped, 10,
         help="Ratio clipping: a run that clipped at its start, now under thresholds.clip_min.",
-        seed="Part II: clip fraction too low (< 1%)",
+        basis="under 1% clipped in a run that clipped: updates have become too conservative",
         summary="Ratio clipping stopped in run {run}.",
         saw="ratio clipping averages {value} over its last 10 logged steps, under {limit}, although the run "
             "clipped at its start", percent=True,
@@ -505,7 +506,7 @@ DETECTORS: tuple[Detector, ...] = (
         "ppo_clipping_high", "PostTrainPPOClippingHigh", "warning", "clip_fraction", CLIP_FRACTION,
         clipping_high, 3,
         help="PPO clip fraction: mean of the last 10 logged steps above thresholds.clip_high.",
-        seed="Part II: clip fraction > 30%",
+        basis="PPO's clipped objective (arXiv:1707.06347): a third of updates clipped is too much",
         summary="Most PPO updates are clipped in run {run}.",
         saw="the clip fraction averages {value} over its last 10 logged steps, above {limit}", percent=True,
         meaning="The learning rate is too high relative to epsilon."),
@@ -513,7 +514,7 @@ DETECTORS: tuple[Detector, ...] = (
         "policy_ratio_out_of_range", "PostTrainPolicyRatioOutOfRange", "warning", "policy_ratio",
         POLICY_RATIO, policy_ratio_out_of_range, 3,
         help="Policy ratio: median of the last 5 logged steps outside [policy_ratio_low, policy_ratio_high].",
-        seed="Part II: ratio regularly above 2.0 or below 0.5",
+        basis="a ratio halved or doubled is far outside PPO's clip range (arXiv:1707.06347)",
         summary="Policy ratio far from 1.0 in run {run}.",
         saw="the median ratio of current to old policy probabilities over its last 5 logged steps is {value}, "
             "beyond {limit}",
@@ -522,7 +523,7 @@ DETECTORS: tuple[Detector, ...] = (
         "entropy_collapse", "PostTrainEntropyCollapse", "warning", "entropy", ENTROPY, entropy_collapse, 3,
         help="Policy entropy: median of the last 5 logged steps below thresholds.entropy_drop x its baseline "
              "(runs that log a reward).",
-        seed="Part III: entropy declining too fast precedes mode collapse",
+        basis="entropy collapse closes exploration (DAPO, arXiv:2503.14476); relative, as levels differ by task",
         summary="Policy entropy collapsed in run {run}.",
         saw="the median token entropy over its last 5 logged steps is {value}, below {limit} "
             "({threshold.entropy_drop} of its level at the run's start)",
@@ -532,7 +533,7 @@ DETECTORS: tuple[Detector, ...] = (
         LENGTH, length_growing, 3,
         help="Mean completion length: median of the last 5 logged steps above thresholds.length_ratio_high x "
              "its baseline.",
-        seed="Part II: length steadily increasing; > 30% change deserves investigation",
+        basis="length bias in GRPO and in rewards (Dr. GRPO, arXiv:2503.20783); 30% is worth a look",
         summary="Completions are growing longer in run {run}.",
         saw="the median of the mean completion length over its last 5 logged steps is {value} tokens, above "
             "{limit} ({threshold.length_ratio_high}x its length at the run's start)",
@@ -542,7 +543,7 @@ DETECTORS: tuple[Detector, ...] = (
         LENGTH, length_shrinking, 3,
         help="Mean completion length: median of the last 5 logged steps below thresholds.length_ratio_low x "
              "its baseline.",
-        seed="Part II: length steadily decreasing (short junk to avoid negative reward)",
+        basis="30% shorter than at the start: short answers avoid negative reward rather than earn reward",
         summary="Completions are getting shorter in run {run}.",
         saw="the median of the mean completion length over its last 5 logged steps is {value} tokens, below "
             "{limit} ({threshold.length_ratio_low}x its length at the run's start)",
@@ -551,7 +552,7 @@ DETECTORS: tuple[Detector, ...] = (
         "completions_truncated", "PostTrainCompletionsTruncated", "warning", "completion_truncated",
         TRUNCATED, truncated, 3,
         help="Share of completions cut at the length limit: median of the last 5 above thresholds.truncated_max.",
-        seed="Part II: clipped ratio > 20%",
+        basis="one completion in five cut at the limit: the reward scores unfinished answers",
         summary="Completions hit the length limit in run {run}.",
         saw="{value} of completions were cut at max_completion_length (median of its last 5 logged steps), "
             "above {limit}", percent=True,
@@ -560,7 +561,7 @@ DETECTORS: tuple[Detector, ...] = (
         "length_diversity_collapsing", "PostTrainLengthDiversityCollapsing", "warning", "completion_length",
         LENGTH_STD, length_diversity_collapsing, 3,
         help="Within-group length std: median of the last 5 below thresholds.length_std_drop x its baseline.",
-        seed="Part II: length variance collapsing (> 50% change) is mode collapse",
+        basis="within-group length spread halved: completions converging on one template",
         summary="Completions of a group are converging to one length in run {run}.",
         saw="the within-group std of completion length is {value} tokens (median of its last 5 logged steps), "
             "below {limit} ({threshold.length_std_drop} of its level at the run's start)",
@@ -569,7 +570,7 @@ DETECTORS: tuple[Detector, ...] = (
         "dpo_displacement", "PostTrainDPOLikelihoodDisplacement", "warning", "dpo_reward", CHOSEN,
         dpo_displacement, 3,
         help="DPO chosen reward: median of the last 5 below thresholds.dpo_chosen_min while the margin is positive.",
-        seed="Part II: chosen rewards should rise; both answers pushed down",
+        basis="likelihood displacement (arXiv:2410.08847) in DPO's implicit reward (arXiv:2305.18290)",
         summary="DPO is pushing the chosen answers down in run {run}.",
         saw="the implicit reward of the chosen answers is {value} (median of its last 5 logged steps), below "
             "{limit}, while the margin over the rejected ones is still positive",
@@ -579,7 +580,7 @@ DETECTORS: tuple[Detector, ...] = (
         "dpo_chosen_unbounded", "PostTrainDPOChosenRewardUnbounded", "warning", "dpo_reward", CHOSEN,
         dpo_chosen_unbounded, 10,
         help="DPO chosen reward: rising over its window and its recent median above thresholds.dpo_chosen_max.",
-        seed="Part II: chosen rewards climbing without limit: reward hacking",
+        basis="chosen answers pushed ever further from the reference: the objective is being exploited",
         summary="DPO chosen rewards keep climbing in run {run}.",
         saw="the implicit reward of the chosen answers is {value} (median of its last 5 logged steps), above "
             "{limit}, and still rising",
@@ -589,7 +590,7 @@ DETECTORS: tuple[Detector, ...] = (
         "dpo_margin_unstable", "PostTrainDPORewardsUnstable", "warning", "dpo_reward", MARGIN,
         dpo_margin_unstable, 10,
         help="DPO margin: stddev of the last 20 logged steps above thresholds.dpo_margin_noise x their mean.",
-        seed="Part II: high reward variance: unstable optimisation",
+        basis="a margin noisier than its own size: unstable optimisation",
         summary="DPO rewards are unstable in run {run}.",
         saw="the stddev of the reward margin over its last 20 logged steps is {value}, above {limit}",
         meaning="Unstable optimisation: reduce the learning rate or increase beta."),
@@ -597,7 +598,7 @@ DETECTORS: tuple[Detector, ...] = (
         "dpo_rewards_converging", "PostTrainDPORewardsConverging", "warning", "dpo_reward", MARGIN,
         dpo_rewards_converging, 10,
         help="DPO margin falling over its window, against its noise.",
-        seed="Part II: chosen and rejected rewards converging",
+        basis="chosen and rejected rewards converging: the preference is being lost",
         summary="DPO chosen and rejected rewards are converging in run {run}.",
         saw="the margin between chosen and rejected rewards is falling over its window (trend t = {value})",
         meaning="The model is losing its ability to tell preferred from rejected answers: catastrophic "
@@ -606,7 +607,7 @@ DETECTORS: tuple[Detector, ...] = (
         "loss_sign_flip", "PostTrainLossSignFlip", "warning", "loss", LOSS, loss_sign_flip, 5,
         help="Loss clearly positive over its first 10 logged steps, its mean of the last 10 now more than 2 "
              "standard errors below 0.",
-        seed="002: pg loss went negative after being positive",
+        basis="a pg loss that went negative after being positive: the update direction reversed",
         summary="The policy-gradient loss went negative after being positive in run {run}.",
         saw="the mean loss of its last 10 logged steps is {value}, clearly below zero (limit {limit}) after a "
             "positive start",
@@ -615,7 +616,7 @@ DETECTORS: tuple[Detector, ...] = (
         "grad_norm_high", "PostTrainGradNormHigh", "warning", "grad_norm", GRAD_NORM, grad_norm_high, 3,
         help="Gradient norm: median of the last 5 above thresholds.grad_norm_spike_factor x its baseline (the "
              "upper quartile of its first points: GRPO's no-signal steps log a zero norm).",
-        seed="Part I fundamentals: gradient health",
+        basis="gradient health: a lasting rise far above the run's start, not one spike",
         summary="Gradient norm far above its start in run {run}.",
         saw="the median gradient norm over its last 5 logged steps is {value}, above {limit} "
             "({threshold.grad_norm_spike_factor}x its level at the run's start)",
@@ -626,7 +627,7 @@ DETECTORS: tuple[Detector, ...] = (
         help="Printed completions (TRL log_completions, verl's samples): the most common completion answers at least "
              "thresholds.template_prompt_share of a step's distinct prompts and fills at least "
              "thresholds.template_row_share of its rows (medians of the last 5 sample sets).",
-        seed="spot-check outputs: if all outputs look the same, the model has collapsed to a single strategy",
+        basis="reading the outputs: one answer for every prompt is a collapse to a single strategy",
         summary="Completions collapsed to one template in run {run}.",
         saw="one completion is the answer to {value} of the distinct prompts of a step (median of its last 5 "
             "printed sample sets), at least {limit}, and to at least {threshold.template_row_share} of its rows",

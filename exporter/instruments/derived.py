@@ -1,4 +1,4 @@
-"""The derived series of the seeds, over each instrument's window of logged steps.
+"""The derived series (trends, regimes, peaks, ratios), over each instrument's window of logged steps.
 
 Two kinds of work, split by what they need to see:
 - per record, over a batch of records at a time (numpy on one column per series): everything that
@@ -153,7 +153,7 @@ class DerivedState:
             self._loss(c.finite_values())
         gen, total = get(("generation_time", None)), get(("step_time", None))
         if gen is not None and total is not None:
-            # 002: "if the generation phase is taking a disproportionate share of step time ..."
+            # a generation phase that takes a growing share of step time points at the rollout engine
             g, t = gen.paired_with(total, nrows)
             if (t != 0).any():
                 stream, start = self._generation_tail.extend(g[t != 0] / t[t != 0])
@@ -210,12 +210,12 @@ class DerivedState:
         k, size = spec.min_points, spec.size
         stream, start = self._loss_tail.extend(values)
         smoothed, counts = rolling_mean(stream, start, k)
-        # 002: "went negative after being positive": sign changes of the smoothed loss, zeros skipped
+        # a pg loss that went negative after being positive: sign changes of the smoothed loss, zeros skipped
         signs = np.sign(smoothed[counts == k])
         signs = np.concatenate([[self._loss_sign], signs[signs != 0]])
         self.loss_sign_flips += int(np.count_nonzero((signs[:-1] > 0) & (signs[1:] < 0)))
         self._loss_sign = int(signs[-1])
-        # 002: "suddenly doubled or halved": the median |loss| of the last k points against the
+        # a pg loss that suddenly doubled or halved: the median |loss| of the last k points against the
         # median of the window before them; counted once each time a shift begins.
         mags = np.abs(stream)
         ends = np.arange(start + 1, len(stream) + 1)
@@ -261,7 +261,7 @@ class DerivedState:
             self._set(WINDOW_STDDEV, labels, st.stddev)
             self._set(WINDOW_MIN, labels, st.min)
             self._set(WINDOW_MAX, labels, st.max)
-            if key == ("entropy", None) and len(pts) >= 2 * spec.min_points:  # the seed's len >= 20
+            if key == ("entropy", None) and len(pts) >= 2 * spec.min_points:  # two halves of min_points each
                 half = len(pts) // 2
                 self._set(ENTROPY_ACCELERATION, (),
                           _mean(pts[half:]) - _mean(pts[:half]))

@@ -19,7 +19,7 @@ from functools import lru_cache
 class Instrument:
     name: str  # short name, used as the `instrument` label of derived series
     help: str
-    seed: str  # the seed instrument it serves
+    serves: str  # the question about a run it helps answer (docs/metrics.md's "Serves")
     label: str | None = None  # the sub-label of a family (component, bound, stat, kind)
     unit: str = ""
 
@@ -33,54 +33,54 @@ INSTRUMENTS: dict[str, Instrument] = {
     for i in [
         Instrument("epoch", "Training epoch (fractional) of the last training record.", "fundamentals"),
         Instrument("loss", "Training loss. In GRPO a surrogate objective: not a progress metric, watch it "
-                   "only for discontinuities.", "Part I fundamentals; Part III: loss is not a progress metric"),
-        Instrument("grad_norm", "Gradient norm before clipping.", "Part I fundamentals: gradient health"),
-        Instrument("learning_rate", "Learning rate of the last training step.", "Part I fundamentals"),
+                   "only for discontinuities.", "fundamentals; in GRPO only numerical trouble, not progress"),
+        Instrument("grad_norm", "Gradient norm before clipping.", "fundamentals: gradient health"),
+        Instrument("learning_rate", "Learning rate of the last training step.", "fundamentals"),
         Instrument("reward", "Mean reward of the step's completions (PPO: the reward model's score).",
-                   "Part II instrument 9: reward dynamics"),
+                   "reward dynamics: is the run improving"),
         Instrument("reward_std", "Standard deviation of rewards within completion groups: the strength of "
-                   "the learning signal.", "Part III instrument 1: reward standard deviation"),
+                   "the learning signal.", "learning signal: GRPO's group-relative advantages"),
         Instrument("reward_zero_std", "Fraction of completion groups whose rewards all tie (no advantage "
-                   "signal).", "Part III instrument 1: reward standard deviation", unit="ratio"),
+                   "signal).", "learning signal: groups that teach nothing", unit="ratio"),
         Instrument("reward_component", "Mean of one reward function of a composite reward.",
-                   "Part III instrument 2: partial reward decomposition", label="component"),
+                   "composite rewards: which part moves", label="component"),
         Instrument("reward_component_std", "Standard deviation of one reward function within groups.",
-                   "Part III instrument 2: partial reward decomposition", label="component"),
+                   "composite rewards: which part still ranks completions", label="component"),
         Instrument("kl", "KL divergence between the policy and the reference policy.",
-                   "Part II instrument 10 / Part III instrument 6: KL divergence"),
+                   "drift from the reference policy"),
         Instrument("approx_kl", "Approximate KL between the policy before and after an update (not to the "
-                   "reference).", "Part II instrument 11: policy ratio and clip fraction"),
-        Instrument("entropy", "Mean token entropy of the policy.", "Part III instrument 5: entropy dynamics"),
+                   "reference).", "size of each update (trust region)"),
+        Instrument("entropy", "Mean token entropy of the policy.", "exploration: entropy collapse"),
         Instrument("clip_ratio", "Fraction of tokens whose probability ratio was clipped, by bound "
-                   "(low, high, region, low_min, high_max).", "Part III instrument 4: the two faces of clipping",
+                   "(low, high, region, low_min, high_max).", "size of each update: clipping at either bound",
                    label="bound"),
         Instrument("clip_fraction", "PPO clip fraction: share of updates where the ratio clip was active.",
-                   "Part II instrument 11: policy ratio and clip fraction", unit="ratio"),
+                   "size of each update: PPO's clipped share", unit="ratio"),
         Instrument("policy_ratio", "Mean ratio of current to old policy probabilities (healthy near 1.0).",
-                   "Part II instrument 11: policy ratio and clip fraction"),
-        Instrument("value_loss", "Value-function loss (PPO critic).", "Part II dashboard: value function"),
+                   "size of each update: policy ratio"),
+        Instrument("value_loss", "Value-function loss (PPO critic).", "PPO critic health"),
         Instrument("completion_length", "Completion length in tokens, by statistic (mean, min, max, "
                    "mean_terminated, min_terminated, max_terminated, std).",
-                   "Part II instrument 12 / Part III instrument 3: generation length dynamics", label="stat",
+                   "generation length: length bias, brevity, mode collapse", label="stat",
                    unit="tokens"),
         Instrument("completion_truncated", "Fraction of completions cut at the maximum length.",
-                   "Part III instrument 3: completion length dynamics (truncation)", unit="ratio"),
+                   "generation length: answers cut at the limit", unit="ratio"),
         Instrument("dpo_reward", "DPO implicit reward, by kind (chosen, rejected, margin).",
-                   "Part II instrument 9: reward dynamics (DPO)", label="kind"),
+                   "DPO reward dynamics: margin and likelihood displacement", label="kind"),
         Instrument("dpo_accuracy", "Fraction of pairs where the chosen response is preferred.",
-                   "Part II instrument 9: reward dynamics (DPO)", unit="ratio"),
+                   "DPO reward dynamics: is the preference learnt", unit="ratio"),
         Instrument("ppo_reward", "PPO reward terms, by kind (rlhf = score + non_score; non_score = the KL "
-                   "penalty).", "Part II instrument 9: reward dynamics (PPO)", label="kind"),
+                   "penalty).", "PPO reward dynamics: score against KL penalty", label="kind"),
         Instrument("token_accuracy", "Mean token accuracy on the training batch (SFT, DPO).",
-                   "Part I fundamentals", unit="ratio"),
+                   "fundamentals", unit="ratio"),
         Instrument("step_time", "Wall time of one training step as the trainer measured it.",
-                   "practitioner's guide: GPU behaviour, step time", unit="seconds"),
+                   "throughput: step time", unit="seconds"),
         Instrument("generation_time", "Wall time of the step's generation (rollout) phase as the trainer "
-                   "measured it.", "practitioner's guide: GPU behaviour, generation phase", unit="seconds"),
+                   "measured it.", "throughput: the generation phase's share", unit="seconds"),
         Instrument("completion_diversity", "How alike the step's printed completions are, by statistic "
                    "(distinct_share, top_share, top_prompts, top_prompt_share, distinct_2gram, similarity, rows, "
                    "prompts): read from TRL's log_completions tables or verl's [response] lines, never the text.",
-                   "spot-check outputs: response diversity, template collapse", label="stat"),
+                   "reading the outputs: response diversity, template collapse", label="stat"),
     ]
 }
 

@@ -14,8 +14,8 @@ import numpy as np
 class WindowStats:
     n: int
     mean: float
-    stddev: float  # population (numpy's default ddof=0, as the seeds' np.std)
-    slope: float  # least squares, per step: the seeds' np.polyfit(x, y, 1)[0] with steps as x
+    stddev: float  # population (ddof=0, numpy's default)
+    slope: float  # least squares, per step, with steps as x (np.polyfit(x, y, 1)[0])
     slope_t: float  # slope / its standard error: how far the trend stands out of the window's noise
     min: float
     max: float

@@ -26,7 +26,7 @@ CAUGHT_BY: dict[str, frozenset[str]] = {
     "dpo_displacement": frozenset({"dpo_reward"}),
     "template_collapse": frozenset({"completion_diversity"}),  # labelled from the printed tables (sample_labels.py)
 }
-# The seeds' stop signs: these must page, not only warn.
+# The stop signs: these must page, not only warn.
 PAGE_WORTHY = frozenset({"kl_blowup", "reward_std_collapse"})
 WITHIN_STEPS = 10  # a pathology must be caught this many logged steps after its onset at the latest ...
 # ... except a reward-std collapse, whose onset is dated from the first of a run of steps without signal.

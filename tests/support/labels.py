@@ -10,17 +10,17 @@ first logged step where the condition holds and keeps holding: at that step and 
 of the `span` logged points that begin there (fewer points only where the run ends; at least 5). That
 is what "the first logged step at which the pathology is visible" means here: a single excursion is
 not an onset, a sustained state is, and it is dated from its first step, not from when it became
-certain. Thresholds are the seeds' numbers wherever the seeds state one:
+certain. Thresholds are the same numbers as the exporter's default limits (docs/derived.md#where-the-limits-come-from):
 
-- kl_blowup: kl > 1.0, span 10 (Part II: "KL > 1.0 is a stop sign").
-- reward_std_collapse: reward_std < 0.05, span 20 (Part III: "alert below 0.05").
-- length_hacking: completions/mean_length > 1.3 x its baseline, span 10 (Part II: "> 30% change in
-  mean deserves investigation").
-- truncation: completions/clipped_ratio > 0.2, span 10 (Part II: "high clipped ratio (> 20%)").
-- entropy_collapse: entropy < 0.5 x its baseline, span 10, in runs that log a reward (Part III:
-  "entropy declining too fast"; no absolute level, tasks differ).
-- dpo_displacement: rewards/chosen < -0.5 while rewards/margins > 0, span 10 (Part II: the chosen
-  reward should rise; here the margin grows by pushing both answers down).
+- kl_blowup: kl > 1.0, span 10 (KL to the reference far past its healthy drift).
+- reward_std_collapse: reward_std < 0.05, span 20 (groups that tie give GRPO no advantage).
+- length_hacking: completions/mean_length > 1.3 x its baseline, span 10 (a 30% change of the mean
+  is worth a look).
+- truncation: completions/clipped_ratio > 0.2, span 10 (one completion in five cut).
+- entropy_collapse: entropy < 0.5 x its baseline, span 10, in runs that log a reward (entropy
+  declining too fast; no absolute level, tasks differ).
+- dpo_displacement: rewards/chosen < -0.5 while rewards/margins > 0, span 10 (the chosen
+  reward should rise; here the margin grows by pushing both answers down: likelihood displacement).
 
 baseline = the median of the key's first 10 logged values. Entropy collapse is judged only in runs
 that sample completions and score them (they log `reward`: GRPO, RLOO, PPO): an SFT or DPO model's
