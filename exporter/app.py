@@ -55,6 +55,7 @@ class Exporter:
             source: Source = StreamInput(spec, self._console(spec), reader)
         else:
             source = self._reader(spec) or PendingInput(spec, self._reader)
+        log.debug("run %s reads %s through %s (format %s)", spec.run, spec.path, type(source).__name__, spec.format)
         if first:
             self.inputs.insert(0, source)
         else:

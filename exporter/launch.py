@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from exporter.parsers.record import Record, RecordKind
 from exporter.parsers.training import TrainingStart
 from exporter.runstate import RunState
+from exporter.samples.diversity import FORMAT as SAMPLES_FORMAT
 
 _KIND = operator.attrgetter("kind")
 
@@ -47,15 +48,23 @@ class ConsoleBesideFeed:
         return training is not None and training.launch == self.launch.token
 
     def ingest(self, rec: Record) -> None:
-        if not self._fed():
+        # the feed carries the trainer's metrics, never what the console alone shows (the printed completions)
+        if not self._fed() or rec.fmt == SAMPLES_FORMAT:
             self.target.ingest(rec)
 
     def ingest_many(self, recs: list[Record]) -> None:
         if not self._fed():
             self.target.ingest_many(recs)
+        else:
+            for rec in recs:
+                self.ingest(rec)
 
     def narrowed(self, rec: Record) -> Record:
         return self.target.narrowed(rec)
+
+    def __getattr__(self, name: str):
+        """Everything else the stream reads of its run (its counters, its sample store) is the run's own."""
+        return getattr(self.target, name)
 
 
 class MaybeFeed:
@@ -89,6 +98,10 @@ class MaybeFeed:
                 self.ingest(rec)
                 start = i + 1
         self.target.ingest_many(recs[start:])
+
+    def __getattr__(self, name: str):
+        """Everything else the stream reads of its run (its counters, its sample store): the current target's."""
+        return getattr(self.target, name)
 
     def narrowed(self, rec: Record) -> Record:
         return self.target.narrowed(rec)

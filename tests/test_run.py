@@ -224,3 +224,37 @@ def test_parsing_that_falls_behind_never_holds_the_trainer_back(tmp_path) -> Non
     assert child.dropped_bytes > 0 and child.bytes_read == len(data)
     parsed = "".join(child.poll())
     assert len(parsed) + child.dropped_bytes == len(data) and child.closed
+
+
+def _beside_feed_stream(fed: bool):
+    """The trainer's console stream as `run --` with the feed builds it (exporter/launch.py), over a real run."""
+    from conftest import FIXTURES
+
+    from exporter.instruments.keymap import KeyMap
+    from exporter.launch import ConsoleBesideFeed, Launch
+    from exporter.parsers.chain import LineParserChain
+    from exporter.parsers.training import Training
+    from exporter.pipeline import ConsoleStream, IngestStats
+    from exporter.runstate import RunState
+
+    run = RunState("trainer", KeyMap())
+    launch = Launch("trainer")
+    if fed:  # the feed has begun this launch's training: the console's metric records are the feed's duplicates
+        run.training = Training.new(0, launch.token)
+    stream = ConsoleStream(ConsoleBesideFeed(run, launch), IngestStats(), LineParserChain("auto"))  # type: ignore[arg-type]
+    return run, stream, FIXTURES
+
+
+@pytest.mark.parametrize("fed", [False, True])
+def test_the_trainers_console_beside_its_feed_reads_postfixes_and_completions(fed: bool) -> None:
+    """Everything a console stream reads of its run works through the wrapper `run --` puts between them: bar
+    postfixes (OpenRLHF) and printed completions (TRL's tables). Once the feed carries the training, the console's
+    metrics are left to it, but the completions, which only the console shows, still reach the run."""
+    run, stream, fixtures = _beside_feed_stream(fed)
+    stream.feed((fixtures / "openrlhf" / "sft_v0_8_0.log").read_text(errors="replace"))
+    stream.feed((fixtures / "corpus" / "grpo_template_collapse" / "combined.log").read_text(errors="replace"))
+    stream.finish()
+    run.refresh()
+    assert ("loss" in run.series or any(k[0] == "loss" for k in run.series)) != fed
+    assert run.samples.total_sets > 0
+    assert any("diversity" in str(k) for k in run.series)
