@@ -124,11 +124,13 @@ def _regime_bar(v: RunVerdict, x0: int, x1: int) -> str:
 
 def _run_section(v: RunVerdict) -> str:
     steps_all = [int(s[0]) for s, _ in v.series.values()] + [int(s[-1]) for s, _ in v.series.values()]
-    x0, x1 = (min(steps_all), max(steps_all)) if steps_all else (0, max(v.last_step, 1))
+    x0, x1 = (min(steps_all), max(steps_all)) if steps_all else (0, max(v.last_step or 0, 1))
     worst = v.worst()
-    badge = f'<span class="badge {worst or "healthy"}">{_esc(v.verdict)}</span>'
+    cls = worst or ("healthy" if v.verdict == "healthy" else "warning")  # no data is not green
+    badge = f'<span class="badge {cls}">{_esc(v.verdict)}</span>'
     out = [f'<section class="run"><h1>{_esc(v.run)} {badge}</h1>',
-           f'<p>Last step {v.last_step} ({"finished" if v.finished else "still running"}).']
+           f'<p>Last step {v.last_step if v.last_step is not None else "none (no training record read)"} '
+           f'({"finished" if v.finished else "still running"}).']
     if v.best_step is not None:
         out.append(f' Best step <b>{v.best_step}</b> (smoothed reward {_fmt(v.best_reward)}, KL '
                    f'{_fmt(v.kl_at_best)}): the checkpoint to keep (green line in the charts).')
@@ -155,7 +157,7 @@ def _run_section(v: RunVerdict) -> str:
         if isinstance(key, str):
             key = (key, f.component)
         for e in f.episodes:
-            marks_by_input.setdefault(key, []).append((f, e.start, e.end if e.end is not None else v.last_step))
+            marks_by_input.setdefault(key, []).append((f, e.start, e.end if e.end is not None else f.last_step))
     rank = {name: i for i, name in enumerate(ORDER)}
     for key in sorted(v.series, key=lambda k: (rank.get(k[0], len(ORDER)), k[0], k[1] or "")):
         steps, values = v.series[key]
