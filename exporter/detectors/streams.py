@@ -24,7 +24,8 @@ class Baseline:
     steps has one, its first record, itself an average over 10 steps (TRL averages its generation metrics
     between logs). A baseline of the first `points` records would there be a median over 100 steps, and a run
     that collapsed by its second record would take the collapse as its start. `first` is the input's first
-    logged value: a detector of a movement away from the start never reports one opposite to it."""
+    logged value (also beside a given baseline): a detector of a movement away from the start never reports one
+    opposite to it."""
 
     __slots__ = ("_first", "first", "given", "points", "quantile", "value")
 
@@ -33,7 +34,7 @@ class Baseline:
         self.given = given
         self.quantile = quantile
         self.value = given if given is not None else math.nan
-        self.first = given if given is not None else math.nan
+        self.first = math.nan
         self._first: list[tuple[int, float]] = []
 
     @property
@@ -43,6 +44,8 @@ class Baseline:
     def feed(self, steps: np.ndarray, values: np.ndarray) -> np.ndarray:
         """Take a batch's new points; the baseline in force at each of them (NaN before it exists)."""
         out = np.full(len(values), self.value)
+        if math.isnan(self.first) and len(values):
+            self.first = float(values[0])
         if self.ready:
             return out
         first = self._first
@@ -55,8 +58,7 @@ class Baseline:
                 first[-1] = (step, value)
             else:
                 first.append((step, value))
-            if self.given is None:
-                self.first = first[0][1]
+            self.first = first[0][1]  # a step logged twice at the start keeps its later value, as the history
             if len(first) == self.points:
                 self._fix()
                 out[i:] = self.value

@@ -112,8 +112,8 @@ RUN_META: dict[str, dict] = {
         "from_start": True, "min_after": 30,  # 60 records: the late collapses of reward std and entropy fit 30
         "notes": "Brevity reward at lr 2e-3 without warm-up, logging every 10 steps: completions shrink from ~7 "
                  "tokens (SFT) to 4.3 averaged over the first 10 steps and to ~1 by the second record; KL is above 1 "
-                 "from the first record (2.7, then 8-9). A baseline of the first 10 records would start at the collapse; the "
-                 "labels date it by steps (the first record).",
+                 "from the first record (2.7, then 8-9). A baseline of the first 10 records would start at the "
+                 "collapse; the labels date it by steps (the first record).",
     },
     "grpo_healthy_logging10": {
         "intent": [],
