@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from exporter.detectors.catalog import BY_NAME
-from exporter.report.verdict import Finding, RunVerdict
+from exporter.report.verdict import NO_DATA, Finding, RunVerdict, hints
 
 W, H, PAD_L, PAD_R, PAD_T, PAD_B = 520, 170, 56, 12, 22, 24
 MAX_POINTS = 1200  # a longer series is drawn as the min and max of each of this many buckets
@@ -145,6 +145,14 @@ def _run_section(v: RunVerdict) -> str:
                        f'<td><a href="{_esc(f.runbook_url)}">{_esc(f.alert)}</a>{comp}</td><td>{spans}</td>'
                        f"<td>{_esc(f.summary)} {_esc(f.meaning)}</td></tr>")
         out.append("</table>")
+    elif v.verdict == NO_DATA:  # not judged: say what was read instead
+        read = v.read
+        out.append("<p><b>No training record was read: the run is not judged.</b></p>")
+        if read is not None:
+            formats = ", ".join(f"{f} {n}" for f, n in sorted(read.records.items())) or "none"
+            out.append(f"<p>Read {read.lines} lines; records by format: {_esc(formats)}; unmatched lines: "
+                       f"{read.unmatched}; unreadable: {read.errors}.</p><ul>"
+                       + "".join(f"<li>{_esc(h)}</li>" for h in hints(read)) + "</ul>")
     else:
         out.append("<p>No detector fired: no page and no warning would have been raised.</p>")
     out.append("<h2>KL-versus-reward regime</h2>" + _regime_bar(v, x0, x1))

@@ -99,8 +99,8 @@ def hints(read: ReadSummary) -> list[str]:
                    "the run may have crashed before its first logged step")
     else:
         out.append(f"no line of the {read.lines} read is a metrics record: the trainer may log its metrics "
-                   "elsewhere (verl: trainer.logger must include 'console'; transformers: logging_steps, and "
-                   "report_to does not change the console dict)")
+                   "elsewhere (verl prints them only when trainer.logger includes 'console'; transformers and TRL "
+                   "print a metrics dict every logging_steps steps, on the main process only: is this its output?)")
     out.append("point the exporter at the trainer's own record instead: trainer_state.json (transformers, TRL) or "
                "a TensorBoard event file, or pin the line format with --format (or a config `formats:` entry "
                "for a custom line)")
