@@ -83,7 +83,7 @@ class DerivedSettings:
     per_instrument: dict[str, WindowSpec] = field(default_factory=dict)
     thresholds: Thresholds = field(default_factory=Thresholds)
     baselines: dict[str, float] = field(default_factory=dict)  # given baselines by instrument (else measured)
-    baseline_points: int = 10  # a measured baseline is the median of an input's first this many points
+    baseline_points: int = 10  # a measured baseline is the median of an input's values in its first this many steps
     detectors: DetectorSettings = field(default_factory=DetectorSettings)
 
     def window_for(self, instrument: str) -> WindowSpec:
