@@ -11,11 +11,14 @@ pager and the chat.
 
 Per run it prints the labelled onsets (tests/support/labels.py), the first alert on each pathology's
 instruments (step, name, severity, logged steps after the onset) and every alert raised on a healthy run,
-and with --write it puts the table into bench/README.md.
+then the median and worst delay over all labelled pathologies, and with --write it puts the table into
+bench/README.md. --in-process judges the same runs with the exporter's detectors read in process (their episodes,
+what the rules read; tests/test_detection.py checks the two agree), in seconds and without the stack.
 
-    .venv/bin/python bench/detection.py                 # all labelled runs, ~6 minutes
+    .venv/bin/python bench/detection.py                 # all labelled runs, ~12 minutes
     .venv/bin/python bench/detection.py --only grpo_kl_blowup,grpo_healthy --step-seconds 0.5
     .venv/bin/python bench/detection.py --write         # and update bench/README.md
+    .venv/bin/python bench/detection.py --in-process    # the detectors' own episodes, seconds
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import itertools
 import json
 import platform
 import re
+import statistics
 import sys
 import tempfile
 import threading
@@ -176,6 +180,42 @@ def verdicts(o: Outcome) -> list[dict]:
     return rows
 
 
+def in_process(runs: list[LabelledRun]) -> list[Outcome]:
+    """Each run read to its end by the exporter in process; its detectors' episodes as the alerts' firing periods
+    (an alert fires from the step its detector became active until it cleared)."""
+    from support.judge import findings, read_log
+
+    out = []
+    for r in runs:
+        state = read_log(r.log, r.name)
+        by_alert: dict[tuple[str, str | None], Alert] = {}
+        for f in findings(state):
+            period = (f.start, f.end if f.end is not None else state.step)
+            a = by_alert.get((f.alert, f.component))
+            if a is None:
+                by_alert[f.alert, f.component] = Alert(r.name, f.alert, f.severity, f.instrument, 0.0, f.start, 1,
+                                                       period[1], [period])
+            else:
+                a.periods.append(period)
+                a.episodes, a.last_step = a.episodes + 1, max(a.last_step, period[1])
+        out.append(Outcome(r, list(by_alert.values())))
+    return out
+
+
+def delay_summary(rows: list[dict]) -> str:
+    """The median and worst delay (logged steps from the labelled onset to the first alert on the pathology's
+    instruments; an alert already firing at the onset counts 0) over every labelled pathology."""
+    sick = [r for r in rows if r["pathology"] != "healthy"]
+    delays = sorted(max(r["delay"], 0) for r in sick if r["delay"] is not None)
+    missed = sum(r["delay"] is None for r in sick)
+    if not delays:
+        return "no labelled pathology was caught."
+    worst = max(sick, key=lambda r: -1 if r["delay"] is None else r["delay"])
+    return (f"Delay over {len(sick)} labelled pathologies in {len({r['run'] for r in sick})} runs: median "
+            f"{statistics.median(delays):g} logged steps, worst {delays[-1]} ({worst['run']}, {worst['pathology']})"
+            + (f"; {missed} never caught" if missed else "") + ".")
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| run | pathology (onset) | first alert on its instruments | delay | page | delay | other alerts | ok |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -263,15 +303,19 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated run names")
     ap.add_argument("--write", action="store_true", help="put the table into bench/README.md")
     ap.add_argument("--json", type=Path, help="write the rows as JSON")
+    ap.add_argument("--in-process", action="store_true", help="the detectors' episodes in process, no stack")
     args = ap.parse_args()
     runs = labelled_runs()
     if args.only:
         wanted = set(args.only.split(","))
         runs = [r for r in runs if r.name in wanted]
-    with tempfile.TemporaryDirectory(prefix="posttrain-detection-") as tmp:
-        t0 = time.monotonic()
-        outcomes = run_benchmark(runs, args.step_seconds, Path(tmp))
-        took = time.monotonic() - t0
+    t0 = time.monotonic()
+    if args.in_process:
+        outcomes = in_process(runs)
+    else:
+        with tempfile.TemporaryDirectory(prefix="posttrain-detection-") as tmp:
+            outcomes = run_benchmark(runs, args.step_seconds, Path(tmp))
+    took = time.monotonic() - t0
     rows = [row for o in outcomes for row in verdicts(o)]
     pages = {o.run.name: o.notified.get("pager", []) for o in outcomes}
     text = table(rows)
@@ -279,13 +323,13 @@ def main() -> int:
     summary = (f"{sum(r['ok'] for r in rows)} of {len(rows)} rows as required; {sum(r['within_10'] for r in sick)} "
                f"of {len(sick)} pathologies caught within {WITHIN_STEPS} logged steps; "
                f"{sum(len(r['alerts']) for r in rows if r['pathology'] == 'healthy')} alerts on "
-               f"{sum(r['pathology'] == 'healthy' for r in rows)} healthy runs.")
+               f"{sum(r['pathology'] == 'healthy' for r in rows)} healthy runs. " + delay_summary(rows))
     print(text)
     print(summary)
     print("pages that reached the pager webhook:", json.dumps({k: v for k, v in pages.items() if v}))
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "pages": pages}, indent=1))
-    if args.write:
+    if args.write and not args.in_process:
         machine = f"{platform.machine()}, Python {platform.python_version()}"
         write_readme(f"Measured by `.venv/bin/python bench/detection.py --step-seconds {args.step_seconds:g} --write` "
                      f"({machine}; {took / 60:.1f} minutes; one logged step = 60 s of a modeled run, "

@@ -128,7 +128,7 @@ class Exporter:
             for run in self.runs.values():
                 run.refresh()
             settings = self.stop_signal.settings if self.stop_signal is not None else EarlyStopSettings()
-            return verdict_document(self.runs.values(), settings, only)
+            return verdict_document(self.runs.values(), settings, only, self.stats)
 
     @property
     def catching_up(self) -> bool:

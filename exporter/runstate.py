@@ -63,6 +63,7 @@ class RunState:
     step: int = -1  # last training step
     finished: bool = False
     last_record_time: float = 0.0
+    first_record_time: float = 0.0  # with last_record_time and the record count: the run's mean pace (stale)
     records: Counter[str] = field(default_factory=Counter)  # by kind
     keys_dropped: Counter[str] = field(default_factory=Counter)  # values of keys not exported, by reason
     values_skipped: Counter[str] = field(default_factory=Counter)  # by reason
@@ -101,6 +102,7 @@ class RunState:
             rec = self.narrowed(rec)
         self.records[rec.kind] += 1
         self.last_record_time = time.time()
+        self.first_record_time = self.first_record_time or self.last_record_time
         if rec.skipped:
             self._skip_values(rec.skipped)
         if rec.kind is RecordKind.TRAIN:
@@ -152,6 +154,7 @@ class RunState:
         if taken:
             self.records[train] += taken
         self.last_record_time = time.time()
+        self.first_record_time = self.first_record_time or self.last_record_time
 
     def _take_all(self, recs: list[Record]) -> bool:
         """ingest_many's loop in C-level passes, when every record is one it takes without a call (training,
@@ -175,6 +178,7 @@ class RunState:
         self.step, self.finished = steps[-1], False
         self.records[RecordKind.TRAIN] += n
         self.last_record_time = time.time()
+        self.first_record_time = self.first_record_time or self.last_record_time
         return True
 
     def begin_training(self, training: Training) -> None:

@@ -44,7 +44,32 @@ def catching(run: LabelledRun, fs: list[Finding], pathology: str) -> list[Findin
 def test_the_corpus_has_what_the_issue_asks_for() -> None:
     shown = {p for r in CORPUS for p in r.onsets}
     assert {"kl_blowup", "reward_std_collapse", "length_hacking", "entropy_collapse", "dpo_displacement"} <= shown
+    assert {"length_collapse", "dead_signal", "dpo_saturation"} <= shown  # issue 25's shapes
     assert sum(r.healthy for r in CORPUS) >= 3
+    sparse = [r for r in CORPUS if len(logged_steps(r)) * 5 <= max(logged_steps(r))]  # logging every 5+ steps
+    assert any(r.healthy for r in sparse) and any(not r.healthy for r in sparse)
+
+
+def test_completions_shrinking_from_the_first_record_are_reported_as_shrinking() -> None:
+    """grpo_length_collapse logs every 10 steps; its completions fall from 4.3 tokens (the first record, an average
+    over steps 1-10) to ~1 by the second: a shrink found within a few records, never growth."""
+    run = next(r for r in CORPUS if r.name == "grpo_length_collapse")
+    fs = findings(read_log(run.log))
+    assert not [f for f in fs if f.detector == "completion_length_growing"], fs
+    (shrink, *_) = [f for f in fs if f.detector == "completion_length_shrinking"]
+    assert delay(run, run.onsets["length_collapse"], shrink.start) <= 5 and shrink.end is None
+
+
+def test_a_dead_learning_signal_and_a_saturated_dpo_run_are_found() -> None:
+    """grpo_dead_signal: 75-100% of groups tie and grad_norm is 0 on 48 of 60 records while reward_std stays above
+    0.05 on most: the dead signal pages, the reward-std detectors alone would not (they warn that it falls).
+    dpo_saturated: a warning, and nothing else."""
+    dead = next(r for r in CORPUS if r.name == "grpo_dead_signal")
+    fs = findings(read_log(dead.log))
+    assert [f.alert for f in fs if f.severity == "critical"] == ["PostTrainLearningSignalDead"], fs
+    assert {f.alert for f in fs} <= {"PostTrainLearningSignalDead", "PostTrainRewardStdFalling"}
+    saturated = next(r for r in CORPUS if r.name == "dpo_saturated")
+    assert {f.alert for f in findings(read_log(saturated.log))} == {"PostTrainDPOSaturated"}
 
 
 @pytest.mark.parametrize("run", CORPUS, ids=lambda r: r.name)

@@ -209,3 +209,130 @@ def test_no_detector_fires_on_noise_around_a_steady_level() -> None:
     run = ingested(records, settings=DerivedSettings(detectors=DetectorSettings()))
     fired = {r.detector.name: len(r.state.episodes) for r in run.detectors.readings() if r.state.episodes}
     assert fired == {}
+
+
+# --- baselines that cannot invert a finding ------------------------------------------------------------------------
+
+
+def test_a_baseline_is_dated_by_steps_when_logging_is_sparse() -> None:
+    """Logging every 10 steps, the run's first 10 steps are its first record (an average over them): that is the
+    baseline, not a median over its first 100 steps; logging every step it is the first 10 points, as before."""
+    sparse = Baseline(10)
+    out = sparse.feed(np.arange(10, 110, 10), np.array([53.0, 3.0, 3.2, 2.9, 3.1, 4.0, 4.3, 4.1, 4.5, 4.2]))
+    assert math.isnan(out[0]) and (out[1:] == 53.0).all() and sparse.first == 53.0
+    every5 = Baseline(10)
+    every5.feed(np.arange(5, 40, 5), np.array([8.0, 6.0, 1.0, 1.0, 1.0, 1.0, 1.0]))
+    assert every5.value == 7.0  # steps 5 and 10: the first 10 steps
+    dense = Baseline(10)
+    out = dense.feed(np.arange(1, 13), np.arange(1.0, 13.0))
+    assert np.isnan(out[:9]).all() and dense.value == 5.5
+
+
+def test_completions_shrinking_from_the_first_record_are_a_shrink_not_growth() -> None:
+    """Logged every 10 steps, completions fall from 53 tokens to 3 by the second record and then creep up to ~5:
+    reported as shrinking, never as growing (issue 25: the median of the first 10 records was the collapse)."""
+    rng = np.random.default_rng(7)
+    lengths = np.concatenate([[53.0], np.linspace(3.0, 5.0, 49) + rng.normal(0, 0.2, 49)])
+    records = [({"completions/mean_length": float(v), "reward": 1.0}, 10 * (i + 1)) for i, v in enumerate(lengths)]
+    assert episodes(records, "completion_length_growing") == []
+    (ep,) = episodes(records, "completion_length_shrinking")
+    assert ep[2] is None and ep[1] <= 10 * 8  # within a few records of the second
+    # the same start logged every step (no collapse in the baseline): growth from 10 to 20 tokens is growth
+    growth = [({"completions/mean_length": float(v)}, i + 1) for i, v in enumerate(np.linspace(10, 20, 50))]
+    assert episodes(growth, "completion_length_growing") and not episodes(growth, "completion_length_shrinking")
+
+
+def test_a_movement_opposite_to_the_data_is_never_reported() -> None:
+    """A baseline the user gave (or any) below where the run began: a level still under the run's first value is
+    not growth, whatever its ratio to the baseline."""
+    lengths = [40.0] + [12.0] * 39  # began at 40, sits at 12
+    settings = DerivedSettings(baselines={"completion_length": 5.0})  # 12 > 1.3 x 5, but below the start
+    assert episodes(series("completions/mean_length", lengths), "completion_length_growing", settings) == []
+    assert episodes(series("completions/mean_length", [4.0] + [12.0] * 39), "completion_length_growing", settings)
+    entropy = [0.2] + [0.5] * 39  # began low: rising entropy is no collapse
+    assert episodes(series("entropy", entropy, {"reward": 1.0}), "entropy_collapse") == []
+
+
+# --- a dead learning signal, a saturated preference run, a dead reward component ----------------------------
+
+
+def grpo_records(frac, grad, reward_std, every: int = 1):
+    return [({"frac_reward_zero_std": float(f), "grad_norm": float(g), "reward_std": float(s), "reward": 1.0},
+             every * (i + 1)) for i, (f, g, s) in enumerate(zip(frac, grad, reward_std, strict=True))]
+
+
+def test_a_dead_learning_signal_is_found_from_the_groups_that_tie_and_the_zero_gradient() -> None:
+    """70-100% of groups tie and the gradient is exactly 0 on most records, while the mean reward std of the groups
+    that still differ stays near 0.15: no reward-std detector sees it, the share of tied groups does."""
+    rng = np.random.default_rng(11)
+    n = 50
+    frac = rng.uniform(0.7, 1.0, n)
+    grad = np.where(rng.random(n) < 0.85, 0.0, rng.uniform(0.2, 1.5, n))
+    std = rng.uniform(0.1, 0.2, n)
+    run = ingested(grpo_records(frac, grad, std, every=10))
+    got = {r.detector.name: [(e.since, e.start, e.end) for e in r.state.episodes]
+           for r in run.detectors.readings() if r.state.episodes}
+    assert set(got) == {"learning_signal_dead"}, got
+    (ep,) = got["learning_signal_dead"]
+    assert ep[1] <= 10 * 12 and ep[2] is None  # as soon as 10 records say so, as reward_std_collapsed would
+
+
+def test_a_healthy_run_with_few_groups_and_a_kl_term_is_not_a_dead_signal() -> None:
+    """Four groups a batch: 75-100% tie on many steps (the grpo fixture), but the KL term keeps a gradient; and a
+    beta=0 run whose tied steps are single ones (a zero gradient on every third step) is not dead either."""
+    rng = np.random.default_rng(12)
+    n = 120
+    frac = rng.choice([0.5, 0.75, 1.0], n, p=[0.2, 0.5, 0.3])
+    with_kl = grpo_records(frac, np.where(frac == 1.0, 0.02, 0.3), np.where(frac == 1.0, 0.0, 0.3))
+    assert episodes(with_kl, "learning_signal_dead") == []
+    frac0 = np.where(np.arange(n) % 3 == 0, 1.0, rng.choice([0.0, 0.25, 0.5], n))  # every third step all tie
+    single_ties = grpo_records(frac0, np.where(frac0 == 1.0, 0.0, 0.4), np.where(frac0 == 1.0, 0.0, 0.4))
+    assert episodes(single_ties, "learning_signal_dead") == []
+
+
+def dpo_records(loss, acc, margin):
+    return [({"loss": float(lo), "rewards/accuracies": float(a), "rewards/margins": float(m),
+              "rewards/chosen": 0.0}, i + 1) for i, (lo, a, m) in enumerate(zip(loss, acc, margin, strict=True))]
+
+
+def test_a_saturated_dpo_run_is_found_and_a_healthy_one_is_not() -> None:
+    """Loss at 0 and accuracy 1 with margins at 16 on every record (or still widening): a warning. A healthy run
+    whose accuracy touches 1 on single batches, with a loss well above 0, is not saturated."""
+    n = 80
+    flat = dpo_records(np.zeros(n), np.ones(n), np.full(n, 16.0))
+    (ep,) = episodes(flat, "dpo_saturated")
+    assert ep[1] <= 10 and ep[2] is None
+    widening = dpo_records(np.concatenate([np.linspace(0.69, 0.005, 40), np.full(40, 0.004)]),
+                           np.concatenate([np.linspace(0.5, 1, 40), np.ones(40)]), np.linspace(0, 8, n))
+    assert episodes(widening, "dpo_saturated")
+    rng = np.random.default_rng(13)
+    healthy = dpo_records(rng.uniform(0.2, 0.5, n), rng.choice([0.75, 0.875, 1.0], n), np.linspace(0, 2, n))
+    assert episodes(healthy, "dpo_saturated") == []
+    start = 20  # a margin that falls once the pairs are separated is dpo_rewards_converging's finding, not this one
+    converging = dpo_records(np.concatenate([np.full(start, 0.3), np.full(n - start, 0.001)]),
+                             np.concatenate([np.full(start, 0.875), np.ones(n - start)]), np.linspace(16, 4, n))
+    assert episodes(converging, "dpo_saturated") == []
+
+
+def test_a_dead_reward_component_is_found_as_fast_as_the_reward_std_collapse_on_the_same_signal() -> None:
+    """A single-component reward whose std dies at step 30: the component's warning comes at the step
+    reward_std_collapsed pages, not 10-20 steps later; a component that dies while the reward still varies keeps
+    the longer window (a healthy run's format reward saturates for a while)."""
+    n = 80
+    std = np.concatenate([np.full(30, 0.4), np.zeros(n - 30)])
+    records = [({"reward_std": float(s), "rewards/only/std": float(s), "rewards/only/mean": 1.0, "reward": 1.0}, i + 1)
+               for i, s in enumerate(std)]
+    run = ingested(records)
+    starts = {r.detector.name: r.state.episodes[0].start for r in run.detectors.readings() if r.state.episodes}
+    assert starts["reward_component_dead"] == starts["reward_std_collapsed"]
+    other = [({"reward_std": 0.4, "rewards/only/std": float(s), "rewards/only/mean": 1.0, "reward": 1.0}, i + 1)
+             for i, s in enumerate(std)]
+    (ep,) = episodes(other, "reward_component_dead")
+    assert ep[1] > starts["reward_std_collapsed"]
+
+
+def test_entropy_collapse_is_found_within_a_few_steps_of_a_sustained_fall_below_half_its_start() -> None:
+    rng = np.random.default_rng(14)
+    entropy = np.concatenate([rng.normal(0.45, 0.03, 40), rng.normal(0.15, 0.03, 40)])  # below half from step 41
+    (ep,) = episodes(series("entropy", entropy, {"reward": 1.0}), "entropy_collapse")
+    assert 41 <= ep[1] <= 41 + 10

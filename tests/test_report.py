@@ -17,9 +17,12 @@ from support.corpus import CAUGHT_BY, LabelledRun, labelled_runs
 from support.stepwise import input_series, records_of, scrapes
 from test_detection import RULES, _promtool
 
-from exporter.config import Config, LogSpec
+from exporter.app import Exporter
+from exporter.config import Config, EarlyStopSettings, LogSpec
 from exporter.parsers.record import RecordKind
-from exporter.report.command import failed, render, verdicts
+from exporter.report import FAIL_ON
+from exporter.report.command import EXIT_NO_DATA, failed, render, verdicts
+from exporter.report.live import run_document
 from exporter.report.verdict import RunVerdict
 
 RUNS = labelled_runs()
@@ -171,3 +174,83 @@ def test_text_report_reads_well() -> None:
     assert text.startswith("run dpo_displacement_2: UNHEALTHY")
     assert "PostTrainDPOLikelihoodDisplacement" in text and "runbook: https://" in text
     assert "dpo_reward{kind=chosen}" in text
+
+
+# --- a run without training records: no data, never healthy -------------------------------------------------------
+
+# What a verl job's stdout shows when it crashed before step 1 or sent its metrics elsewhere: Ray's own lines
+# (written here in that shape, with our own values).
+RAY_NOISE = """\
+2026-11-20 10:01:12,345\tINFO worker.py:1832 -- Started a local Ray instance. View the dashboard at 127.0.0.1:8265
+(TaskRunner pid=4121) {'actor_rollout_ref': {'actor': {'ppo_mini_batch_size': 64, 'use_kl_loss': True}}}
+(TaskRunner pid=4121) Using LocalLogger is deprecated. The constructor API will change
+(WorkerDict pid=4388) [W1120 10:02:01.112] Warning: torch.distributed is using NCCL
+(raylet) [2026-11-20 10:03:44,001 E 4050 4050] node_manager.cc:3069: 1 Workers killed due to memory pressure (OOM)
+Error executing job with overrides: ['algorithm.adv_estimator=grpo', 'trainer.logger=[wandb]']
+ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.
+"""
+NO_DATA_LOGS = {"empty": b"", "junk": b"\x00\x01binary\xff\xfe junk {{{ not a dict\n%%%% 12 34\n",
+                "ray": RAY_NOISE.encode()}
+
+
+@pytest.mark.parametrize("kind", sorted(NO_DATA_LOGS))
+def test_a_log_without_training_records_is_no_data_and_fails_the_gate(kind: str, tmp_path: Path) -> None:
+    log = tmp_path / f"{kind}.log"
+    log.write_bytes(NO_DATA_LOGS[kind])
+    lines = len(NO_DATA_LOGS[kind].splitlines())
+    for fail_on in FAIL_ON:
+        r = run_cli("report", str(log), "--fail-on", fail_on)
+        assert r.returncode == EXIT_NO_DATA, (fail_on, r.stdout.decode(), r.stderr.decode())
+        text = r.stdout.decode()
+        assert text.startswith(f"run {kind}: NO DATA") and "HEALTHY" not in text and "-1" not in text
+        assert f"read: {lines} lines" in text and f"unmatched lines: {lines}" in text and "try: " in text
+        assert "no training record" in r.stderr.decode()
+    r = run_cli("report", str(log), "--format", "json")
+    assert r.returncode == 0  # without --fail-on the exit code carries no verdict
+    (one,) = json.loads(r.stdout)["runs"]
+    assert one["verdict"] == "no_data" and one["step"] is None and one["last_step"] is None
+    assert one["read"] == {"lines": lines, "records": {}, "training_records": 0, "unmatched": lines, "errors": 0,
+                           "progress_bar_draws": 0}
+    # /api/v1/verdict says the same of the same run, with the same fields
+    ex = Exporter(Config(), [LogSpec(str(log), kind)])
+    ex.read_to_end()
+    (live,) = ex.verdict()["runs"]
+    assert {k: live[k] for k in ("run", "verdict", "step", "finished", "worst", "read")} == \
+           {k: one[k] for k in ("run", "verdict", "step", "finished", "worst", "read")}
+
+
+def test_no_data_runs_fail_the_gate_beside_judged_ones(tmp_path: Path) -> None:
+    """A finding at the level exits 1 whatever else; a healthy run beside a no-data one exits 3."""
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    healthy = next(r for r in RUNS if r.name == "grpo_healthy")
+    paged = next(r for r in RUNS if r.name == "grpo_kl_blowup")
+    for logs, code in (([healthy.log], 0), ([healthy.log, empty], EXIT_NO_DATA), ([paged.log, empty], 1)):
+        r = run_cli("report", *map(str, logs), "--fail-on", "warning", "--out", str(tmp_path / "r.txt"))
+        assert r.returncode == code, (logs, r.stderr.decode())
+    text = (tmp_path / "r.txt").read_text()  # the last one: a paged run and an empty log
+    assert "UNHEALTHY" in text and "NO DATA" in text
+
+
+def test_a_run_gone_quiet_for_longer_than_its_pace_is_stale(tmp_path: Path) -> None:
+    """Live, a run that has logged nothing for longer than thresholds.stall_seconds and 5x its own mean interval,
+    and has not finished, is stale; a finished run never is; before its first record it is no_data."""
+    lines = next(r for r in RUNS if r.name == "grpo_healthy").log.read_text().splitlines(keepends=True)
+    log = tmp_path / "partial.log"
+    log.write_text("".join(lines[: len(lines) // 2]))  # half a run: no end-of-run summary
+    ex = Exporter(Config(), [LogSpec(str(log), "partial")])
+    ex.read_to_end()
+    run = ex.runs["partial"]
+    settings = EarlyStopSettings()
+    stall = run.settings.thresholds.stall_seconds
+    run.first_record_time, run.last_record_time = run.last_record_time - 100 * stall, run.last_record_time
+    pace = (run.last_record_time - run.first_record_time) / (sum(run.records.values()) - 1)  # seconds a record
+    at = run.last_record_time
+    assert run_document(run, settings, now=at + stall / 2)["verdict"] == "healthy"
+    assert run_document(run, settings, now=at + 1.01 * stall)["verdict"] == "healthy"  # within 5x its pace
+    assert 5 * pace > stall and run_document(run, settings, now=at + 5.01 * pace)["verdict"] == "stale"
+    run.finished = True
+    assert run_document(run, settings, now=at + 1000 * stall)["verdict"] == "healthy"
+    fresh = Exporter(Config(), [LogSpec(str(tmp_path / "not-yet.log"), "fresh")])
+    (doc,) = fresh.verdict()["runs"]
+    assert doc["verdict"] == "no_data" and doc["step"] is None

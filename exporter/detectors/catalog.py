@@ -37,6 +37,7 @@ MARGIN: SeriesKey = ("dpo_reward", "margin")
 ACCURACY: SeriesKey = ("dpo_accuracy", None)
 LOSS: SeriesKey = ("loss", None)
 GRAD_NORM: SeriesKey = ("grad_norm", None)
+ZERO_STD: SeriesKey = ("reward_zero_std", None)
 POLICY_RATIO: SeriesKey = ("policy_ratio", None)
 CLIP_FRACTION: SeriesKey = ("clip_fraction", None)
 COMPONENT_STD = "reward_component_std"  # per component: one detector state per sub-label value
@@ -60,6 +61,7 @@ SHARE_POINTS = 10
 SHARE_HELD = 0.9  # the state holds while at least this share of the last SHARE_POINTS is beyond the limit
 SHARE_ENDED = 0.5  # and has ended once no more than this share is
 SIGNAL = 10  # points of the mean of zero-inflated inputs (reward std, clipping): a few groups tie often
+DEAD_GRAD_SHARE = 0.7  # a dead learning signal: the gradient norm exactly 0 at this share of its last SIGNAL points
 TREND = 50  # points of a trend: as the derived series' default window
 TREND_MIN = 10  # a trend needs at least this many points: as the window's min_points
 
@@ -242,12 +244,38 @@ def reward_peaked_and_fell(ctx: BatchContext, v: StreamView) -> Evaluation:
     return Evaluation(v.new_steps, cond, drawdown, limit)
 
 
+def learning_signal_dead(ctx: BatchContext, v: StreamView) -> Evaluation:
+    """Most completion groups tie (the mean share of the last 10 logged points at or above thresholds.zero_std_max)
+    and the gradient norm is exactly zero at 7 of its last 10 logged points: GRPO without a KL term learns
+    nothing on those steps, whatever the mean reward std of the few groups that still differ says. A run with a
+    KL term keeps a small gradient on tied steps (and a healthy run with four groups a batch ties often): there
+    the reward-std detectors judge."""
+    level = v.rolling(SIGNAL, "mean")
+    zero_grad = ctx.as_of("grad_zero_share", GRAD_NORM, lambda g: StreamView(
+        g.steps, (g.values == 0).astype(float), g.start, g.baseline).rolling(SIGNAL, "mean"), v.new_steps)
+    limit = np.full(len(level), ctx.t.zero_std_max)
+    with np.errstate(invalid="ignore"):
+        cond = (level >= limit) & (zero_grad >= DEAD_GRAD_SHARE)
+        return Evaluation(v.new_steps, cond, level, limit, clear=~((level >= limit) & (zero_grad > 0)))
+
+
 def component_dead(ctx: BatchContext, v: StreamView) -> Evaluation:
-    """A reward component that gave signal at the run's start and almost never does now."""
-    ev = _share_below(v, ctx.t.component_std_min, 2 * SHARE_POINTS)
+    """A reward component that gave signal at the run's start and almost never does now: below its floor at 18 of
+    its last 20 logged points, or at 9 of its last 10 where the whole reward's std has collapsed too (9 of 10, as
+    reward_std_collapsed judges it), so a component that carries the only signal is found as soon as the reward's
+    collapse is. A component of a reward whose other parts still vary is given the longer window: a healthy run's
+    format reward saturates for a while and comes back."""
+    slow = _share_below(v, ctx.t.component_std_min, 2 * SHARE_POINTS)
+    fast = _share_below(v, ctx.t.component_std_min)
+    total = ctx.as_of("reward_std_share_low", REWARD_STD, lambda rv: _share_below(rv, ctx.t.reward_std_min).value,
+                      v.new_steps)
     with np.errstate(invalid="ignore"):
         alive_once = v.baseline > ctx.t.component_std_min
-    return Evaluation(ev.steps, ev.cond & alive_once, ev.value, ev.limit, ev.raw & alive_once, ev.clear | ~alive_once)
+        quick = fast.cond & (total >= SHARE_HELD)
+    cond = (slow.cond | quick) & alive_once
+    value = np.where(quick, fast.value, slow.value)
+    return Evaluation(slow.steps, cond, value, slow.limit, slow.raw & alive_once,
+                      (slow.clear & fast.clear) | ~alive_once)
 
 
 def clipping_excessive(ctx: BatchContext, v: StreamView) -> Evaluation:
@@ -285,10 +313,21 @@ def policy_ratio_out_of_range(ctx: BatchContext, v: StreamView) -> Evaluation:
     return Evaluation(v.new_steps, cond, level, np.where(level > hi, hi, lo), raw)
 
 
+def _moved(ev: Evaluation, v: StreamView, up: bool) -> Evaluation:
+    """A movement away from the run's start holds only where the level is also beyond the input's first logged
+    value in that direction: whatever the baseline, a level below where the run began is never reported as
+    growth (nor one above it as a fall)."""
+    with np.errstate(invalid="ignore"):
+        beyond = ev.value > v.first if up else ev.value < v.first
+    keep = beyond | np.isnan(v.first)
+    return Evaluation(ev.steps, ev.cond & keep, ev.value, ev.limit, None if ev.raw is None else ev.raw & keep,
+                      ev.clear if ev.clear is None else ev.clear | ~keep)
+
+
 def entropy_collapse(ctx: BatchContext, v: StreamView) -> Evaluation | None:
     if not ctx.rl:  # SFT and DPO entropy falls as the model fits its data: that is their point
         return None
-    return _below(ctx, v, v.rolling(SHORT, "median"), ctx.t.entropy_drop * v.baseline)
+    return _moved(_below(ctx, v, v.rolling(SHORT, "median"), ctx.t.entropy_drop * v.baseline), v, up=False)
 
 
 def template_collapse(ctx: BatchContext, v: StreamView) -> Evaluation:
@@ -305,15 +344,15 @@ def template_collapse(ctx: BatchContext, v: StreamView) -> Evaluation:
 
 
 def length_growing(ctx: BatchContext, v: StreamView) -> Evaluation:
-    return _above(ctx, v, v.rolling(SHORT, "median"), ctx.t.length_ratio_high * v.baseline)
+    return _moved(_above(ctx, v, v.rolling(SHORT, "median"), ctx.t.length_ratio_high * v.baseline), v, up=True)
 
 
 def length_shrinking(ctx: BatchContext, v: StreamView) -> Evaluation:
-    return _below(ctx, v, v.rolling(SHORT, "median"), ctx.t.length_ratio_low * v.baseline)
+    return _moved(_below(ctx, v, v.rolling(SHORT, "median"), ctx.t.length_ratio_low * v.baseline), v, up=False)
 
 
 def length_diversity_collapsing(ctx: BatchContext, v: StreamView) -> Evaluation:
-    return _below(ctx, v, v.rolling(SHORT, "median"), ctx.t.length_std_drop * v.baseline)
+    return _moved(_below(ctx, v, v.rolling(SHORT, "median"), ctx.t.length_std_drop * v.baseline), v, up=False)
 
 
 def truncated(ctx: BatchContext, v: StreamView) -> Evaluation:
@@ -329,6 +368,20 @@ def dpo_displacement(ctx: BatchContext, v: StreamView) -> Evaluation:
         cond = (level < ctx.t.dpo_chosen_min) & (margin > 0)
     return Evaluation(v.new_steps, cond, level, np.full(len(level), ctx.t.dpo_chosen_min),
                       v.new_values < ctx.t.dpo_chosen_min)
+
+
+def dpo_saturated(ctx: BatchContext, v: StreamView) -> Evaluation:
+    """A DPO-family run that has separated its training pairs: accuracy 1 and the loss near 0 (medians of the last
+    5 logged steps) while the margin is not falling over its window (a falling margin is
+    dpo_rewards_converging's). The gradient now only pushes margins apart, whether they still visibly rise or
+    already sit far beyond what the loss can tell."""
+    level = v.rolling(SHORT, "median")
+    loss = ctx.as_of("loss_median", LOSS, lambda lv: lv.rolling(SHORT, "median"), v.new_steps)
+    margin_dir = ctx.as_of("margin_direction", MARGIN,
+                           lambda mv: ctx.direction(mv.trend_t(TREND, TREND_MIN)).astype(float), v.new_steps)
+    with np.errstate(invalid="ignore"):
+        cond = (level >= 1.0) & (loss < ctx.t.dpo_loss_saturated) & (margin_dir >= 0)
+    return Evaluation(v.new_steps, cond, loss, np.full(len(level), ctx.t.dpo_loss_saturated))
 
 
 def dpo_chosen_unbounded(ctx: BatchContext, v: StreamView) -> Evaluation:
@@ -400,6 +453,20 @@ DETECTORS: tuple[Detector, ...] = (
         meaning="The completions of a group score alike, so GRPO's advantages are zero and there is nothing "
                 "left to learn from: saturation, mode collapse or a bug."),
     Detector(
+        "learning_signal_dead", "PostTrainLearningSignalDead", "critical", "reward_zero_std", ZERO_STD,
+        learning_signal_dead, 1,
+        help="Share of completion groups whose rewards all tie: mean of the last 10 logged steps at or above "
+             "thresholds.zero_std_max, with the gradient norm exactly 0 at 7 of its last 10 logged steps.",
+        basis="GRPO's advantage is a reward's deviation within its group (DeepSeekMath, arXiv:2402.03300): a group "
+              "whose rewards all tie gives none, which is why DAPO (arXiv:2503.14476) filters such groups out",
+        summary="GRPO learning signal is dead in run {run}.",
+        saw="{value} of completion groups scored alike (mean of its last 10 logged steps, limit {limit}) and the "
+            "gradient norm was exactly 0 at 7 or more of its last 10 logged steps", percent=True,
+        meaning="Most groups give no advantage and the updates are zero: the run spends its compute learning "
+                "nothing, even where the mean reward std of the groups that still differ looks alive. The task "
+                "is too easy or too hard for the policy, or the reward cannot tell completions apart.",
+        reads=(GRAD_NORM,)),
+    Detector(
         "destructive_regime", "PostTrainDestructiveRegime", "critical", "regime", REWARD, destructive_regime, 5,
         help="KL above thresholds.kl_warning and rising while the reward falls (trends over their windows, "
              "against their noise).",
@@ -462,13 +529,14 @@ DETECTORS: tuple[Detector, ...] = (
         meaning="The model is saturating before the signal is gone: the most common GRPO failure mode.", band=True),
     Detector(
         "reward_component_dead", "PostTrainRewardComponentDead", "warning", "reward_component_std",
-        COMPONENT_STD, component_dead, 3,
+        COMPONENT_STD, component_dead, 1, reads=(REWARD_STD,),
         help="A reward component whose std was above thresholds.component_std_min at the run's start and is "
-             "below it at 18 of the last 20 logged steps.",
+             "below it at 18 of the last 20 logged steps (at 9 of the last 10 where the reward's std collapsed too).",
         basis="a reward function that no longer varies within groups no longer ranks completions",
         summary="Reward component {component} no longer gives learning signal in run {run}.",
         saw="the std of reward component {component} within groups was below {threshold.component_std_min} at "
-            "{value} of its last 20 logged steps, although it varied at the run's start", percent=True,
+            "{value} of its last 20 logged steps (of its last 10 where the whole reward's std collapsed too), "
+            "although it varied at the run's start", percent=True,
         meaning="The component is saturated and now dead weight in the composite reward."),
     Detector(
         "clipping_excessive", "PostTrainClippingExcessive", "warning", "clip_total", CLIP_TOTAL,
@@ -576,6 +644,18 @@ DETECTORS: tuple[Detector, ...] = (
             "{limit}, while the margin over the rejected ones is still positive",
         meaning="The margin grows because both answers lose likelihood (likelihood displacement): the model "
                 "unlearns the preferred answers too.", reads=(MARGIN,), band=True),
+    Detector(
+        "dpo_saturated", "PostTrainDPOSaturated", "warning", "dpo_accuracy", ACCURACY, dpo_saturated, 5,
+        help="DPO-family run: accuracy 1 and loss below thresholds.dpo_loss_saturated (medians of the last 5 "
+             "logged steps) while the reward margin is not falling over its window.",
+        basis="DPO's loss (arXiv:2305.18290) goes to 0 only as every pair's implicit-reward margin grows without "
+              "bound: past that point the loss no longer asks anything the evaluation pairs could confirm",
+        summary="DPO has separated every training pair in run {run}.",
+        saw="every pair is ranked right and the loss is {value} (median of its last 5 logged steps), below "
+            "{limit}, while the margin between chosen and rejected rewards is not falling",
+        meaning="The model only pushes the margins apart now: more steps overfit the training pairs. Check the "
+                "evaluation pairs (eval_rewards/accuracies, eval_loss): if they stopped improving, stop here or "
+                "raise beta.", reads=(LOSS, MARGIN)),
     Detector(
         "dpo_chosen_unbounded", "PostTrainDPOChosenRewardUnbounded", "warning", "dpo_reward", CHOSEN,
         dpo_chosen_unbounded, 10,

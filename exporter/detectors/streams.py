@@ -16,17 +16,25 @@ _EMPTY_F = np.empty(0, dtype=np.float64)
 
 
 class Baseline:
-    """The run's own start: the median (or another quantile) of an input's first `points` logged values (a
-    step logged twice before that keeps its later value, as the history does), fixed once complete; or a
-    value the user gave (a measurement of the model before this training)."""
+    """The run's own start: the median (or another quantile) of an input's values logged in its first `points`
+    steps (a step logged twice before that keeps its later value, as the history does), fixed once complete;
+    or a value the user gave (a measurement of the model before this training).
 
-    __slots__ = ("_first", "given", "points", "quantile", "value")
+    Dated by steps, not records: a run that logs every step has `points` points there, one that logs every 10
+    steps has one, its first record, itself an average over 10 steps (TRL averages its generation metrics
+    between logs). A baseline of the first `points` records would there be a median over 100 steps, and a run
+    that collapsed by its second record would take the collapse as its start. `first` is the input's first
+    logged value (also beside a given baseline): a detector of a movement away from the start never reports one
+    opposite to it."""
+
+    __slots__ = ("_first", "first", "given", "points", "quantile", "value")
 
     def __init__(self, points: int, given: float | None = None, quantile: float = 0.5) -> None:
         self.points = points
         self.given = given
         self.quantile = quantile
         self.value = given if given is not None else math.nan
+        self.first = math.nan
         self._first: list[tuple[int, float]] = []
 
     @property
@@ -36,19 +44,29 @@ class Baseline:
     def feed(self, steps: np.ndarray, values: np.ndarray) -> np.ndarray:
         """Take a batch's new points; the baseline in force at each of them (NaN before it exists)."""
         out = np.full(len(values), self.value)
+        if math.isnan(self.first) and len(values):
+            self.first = float(values[0])
         if self.ready:
             return out
         first = self._first
         for i, (step, value) in enumerate(zip(steps.tolist(), values.tolist(), strict=True)):
+            if first and step >= first[0][0] + self.points:  # past the run's first `points` steps
+                self._fix()
+                out[i:] = self.value
+                break
             if first and first[-1][0] == step:
                 first[-1] = (step, value)
             else:
                 first.append((step, value))
+            self.first = first[0][1]  # a step logged twice at the start keeps its later value, as the history
             if len(first) == self.points:
-                self.value = _quantile(sorted(v for _, v in first), self.quantile)
+                self._fix()
                 out[i:] = self.value
                 break
         return out
+
+    def _fix(self) -> None:
+        self.value = _quantile(sorted(v for _, v in self._first), self.quantile)
 
     def cut_back(self, step: int) -> None:
         """A resumed run forgets its steps from `step` on; a baseline that needed them is collected again."""
@@ -58,6 +76,7 @@ class Baseline:
             return
         self._first = [(s, v) for s, v in self._first if s < step]
         self.value = math.nan
+        self.first = self._first[0][1] if self._first else math.nan
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -72,13 +91,15 @@ class StreamView:
     """The carried points followed by a batch's new ones; statistics are given for the new points, each
     computed once per batch however many detectors read it."""
 
-    __slots__ = ("_cache", "baseline", "start", "steps", "values")
+    __slots__ = ("_cache", "baseline", "first", "start", "steps", "values")
 
-    def __init__(self, steps: np.ndarray, values: np.ndarray, start: int, baseline: np.ndarray) -> None:
+    def __init__(self, steps: np.ndarray, values: np.ndarray, start: int, baseline: np.ndarray,
+                 first: float = math.nan) -> None:
         self.steps = steps
         self.values = values
         self.start = start  # index of the first new point
         self.baseline = baseline  # the baseline in force at each new point (NaN before it exists)
+        self.first = first  # the input's first logged value (Baseline.first)
         self._cache: dict[tuple, np.ndarray] = {}
 
     def _memo(self, key: tuple, compute) -> np.ndarray:
@@ -183,8 +204,9 @@ class Stream:
         ok = np.isfinite(values)
         if not ok.all():
             steps, values = steps[ok], values[ok]
+        baseline = self.baseline.feed(steps, values)
         view = StreamView(np.concatenate([self._steps, steps]), np.concatenate([self._values, values]),
-                          len(self._steps), self.baseline.feed(steps, values))
+                          len(self._steps), baseline, self.baseline.first)
         self._steps, self._values = view.steps[-self.keep :], view.values[-self.keep :]
         return view
 

@@ -53,6 +53,9 @@ class Thresholds:
     dpo_chosen_min: float = _limit(-0.5, ("dpo_reward", "chosen_min"))  # chosen below this, margin grows
     dpo_chosen_max: float = _limit(2.0, ("dpo_reward", "chosen_max"))  # chosen rising past this: reward hacking
     dpo_margin_noise: float = _limit(1.0, ("dpo_reward", "margin_noise"))  # margin stddev over its mean
+    dpo_loss_saturated: float = _limit(0.01, ("loss", "dpo_saturated"))  # DPO loss below this at accuracy 1
+    # share of completion groups whose rewards all tie (mean of the last 10 logged points): most of a batch is dead
+    zero_std_max: float = _limit(0.7, ("reward_zero_std", "max"))
     trend_t: float = _limit(2.0, ("trend", "t"))  # a trend is rising/falling when |slope / stderr| >= this
     discontinuity_high: float = _limit(2.0, ("loss", "discontinuity_high"))  # pg loss suddenly doubled ...
     discontinuity_low: float = _limit(0.5, ("loss", "discontinuity_low"))  # ... or halved
@@ -85,7 +88,7 @@ class DerivedSettings:
     per_instrument: dict[str, WindowSpec] = field(default_factory=dict)
     thresholds: Thresholds = field(default_factory=Thresholds)
     baselines: dict[str, float] = field(default_factory=dict)  # given baselines by instrument (else measured)
-    baseline_points: int = 10  # a measured baseline is the median of an input's first this many points
+    baseline_points: int = 10  # a measured baseline is the median of an input's values in its first this many steps
     detectors: DetectorSettings = field(default_factory=DetectorSettings)
 
     def window_for(self, instrument: str) -> WindowSpec:

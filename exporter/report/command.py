@@ -1,6 +1,8 @@
 """`posttrain-exporter report LOG...`: read logs once, judge each run, print or write the verdicts.
 
-The exit code can carry the verdict (--fail-on), so a training pipeline's CI can stop on a bad run."""
+The exit code can carry the verdict (--fail-on), so a training pipeline's CI can stop on a bad run: 1 when a run has
+a finding at or above the level, else 3 when a run has no training record at all (whatever the level: a gate
+pointed at the wrong file, or at a trainer that logs elsewhere, must not pass), else 0."""
 
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ from exporter.report import FORMATS as FORMATS
 from exporter.report.html import to_html
 from exporter.report.samples import sample_views
 from exporter.report.text import to_json, to_text
-from exporter.report.verdict import RunVerdict, judge
+from exporter.report.verdict import NO_DATA, RunVerdict, judge
 from exporter.runbooks import RUNBOOK_BASE
 
-EXIT_FAILED = 1
+EXIT_FAILED = 1  # a finding at or above --fail-on
+EXIT_NO_DATA = 3  # with --fail-on: a run without a training record (2 is the command line's own usage error)
 REPORT_HISTORY = 1_000_000  # points kept per series: a report sees the whole run, not the sidecar's window
 
 
@@ -28,8 +31,8 @@ def verdicts(cfg: Config, specs: list[LogSpec], runbook_base: str = RUNBOOK_BASE
     exporter = Exporter(cfg, specs)
     exporter.read_to_end()
     found = []
-    for run in exporter.runs.values():
-        v = judge(run, runbook_base)
+    for name, run in exporter.runs.items():
+        v = judge(run, runbook_base, exporter.stats.get(name))
         v.samples = sample_views(run, v)
         found.append(v)
     return found
@@ -47,12 +50,25 @@ def failed(found: list[RunVerdict], fail_on: str | None) -> bool:
     return any(f.severity in levels for v in found for f in v.findings)
 
 
+def exit_code(found: list[RunVerdict], fail_on: str | None) -> int:
+    """0, EXIT_FAILED or EXIT_NO_DATA (see the module's docstring); without --fail-on always 0."""
+    if fail_on is None:
+        return 0
+    if failed(found, fail_on):
+        return EXIT_FAILED
+    return EXIT_NO_DATA if any(v.verdict == NO_DATA for v in found) else 0
+
+
 def run_report(cfg: Config, specs: list[LogSpec], fmt: str, out: Path | None, fail_on: str | None,
                runbook_base: str = RUNBOOK_BASE) -> int:
     found = verdicts(cfg, specs, runbook_base)
+    for v in found:  # said where a CI log shows it, whatever the output format and file
+        if v.verdict == NO_DATA:
+            sys.stderr.write(f"posttrain-exporter report: run {v.run}: no training record read, the run is not "
+                             "judged (verdict no_data; the report says what was read)\n")
     text = render(found, fmt)
     if out is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     else:
         out.write_text(text, encoding="utf-8")
-    return EXIT_FAILED if failed(found, fail_on) else 0
+    return exit_code(found, fail_on)

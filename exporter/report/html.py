@@ -14,7 +14,7 @@ import numpy as np
 from exporter.detectors.catalog import BY_NAME
 from exporter.report.samples import CSS as SAMPLES_CSS
 from exporter.report.samples import samples_html
-from exporter.report.verdict import Finding, RunVerdict
+from exporter.report.verdict import NO_DATA, Finding, RunVerdict, hints
 
 W, H, PAD_L, PAD_R, PAD_T, PAD_B = 520, 170, 56, 12, 22, 24
 MAX_POINTS = 1200  # a longer series is drawn as the min and max of each of this many buckets
@@ -126,11 +126,13 @@ def _regime_bar(v: RunVerdict, x0: int, x1: int) -> str:
 
 def _run_section(v: RunVerdict) -> str:
     steps_all = [int(s[0]) for s, _ in v.series.values()] + [int(s[-1]) for s, _ in v.series.values()]
-    x0, x1 = (min(steps_all), max(steps_all)) if steps_all else (0, max(v.last_step, 1))
+    x0, x1 = (min(steps_all), max(steps_all)) if steps_all else (0, max(v.last_step or 0, 1))
     worst = v.worst()
-    badge = f'<span class="badge {worst or "healthy"}">{_esc(v.verdict)}</span>'
+    cls = worst or ("healthy" if v.verdict == "healthy" else "warning")  # no data is not green
+    badge = f'<span class="badge {cls}">{_esc(v.verdict)}</span>'
     out = [f'<section class="run"><h1>{_esc(v.run)} {badge}</h1>',
-           f'<p>Last step {v.last_step} ({"finished" if v.finished else "still running"}).']
+           f'<p>Last step {v.last_step if v.last_step is not None else "none (no training record read)"} '
+           f'({"finished" if v.finished else "still running"}).']
     if v.best_step is not None:
         out.append(f' Best step <b>{v.best_step}</b> (smoothed reward {_fmt(v.best_reward)}, KL '
                    f'{_fmt(v.kl_at_best)}): the checkpoint to keep (green line in the charts).')
@@ -145,6 +147,14 @@ def _run_section(v: RunVerdict) -> str:
                        f'<td><a href="{_esc(f.runbook_url)}">{_esc(f.alert)}</a>{comp}</td><td>{spans}</td>'
                        f"<td>{_esc(f.summary)} {_esc(f.meaning)}</td></tr>")
         out.append("</table>")
+    elif v.verdict == NO_DATA:  # not judged: say what was read instead
+        read = v.read
+        out.append("<p><b>No training record was read: the run is not judged.</b></p>")
+        if read is not None:
+            formats = ", ".join(f"{f} {n}" for f, n in sorted(read.records.items())) or "none"
+            out.append(f"<p>Read {read.lines} lines; records by format: {_esc(formats)}; unmatched lines: "
+                       f"{read.unmatched}; unreadable: {read.errors}.</p><ul>"
+                       + "".join(f"<li>{_esc(h)}</li>" for h in hints(read)) + "</ul>")
     else:
         out.append("<p>No detector fired: no page and no warning would have been raised.</p>")
     out.append(samples_html(v.samples))
@@ -158,7 +168,7 @@ def _run_section(v: RunVerdict) -> str:
         if isinstance(key, str):
             key = (key, f.component)
         for e in f.episodes:
-            marks_by_input.setdefault(key, []).append((f, e.start, e.end if e.end is not None else v.last_step))
+            marks_by_input.setdefault(key, []).append((f, e.start, e.end if e.end is not None else f.last_step))
     rank = {name: i for i, name in enumerate(ORDER)}
     for key in sorted(v.series, key=lambda k: (rank.get(k[0], len(ORDER)), k[0], k[1] or "")):
         steps, values = v.series[key]

@@ -6,13 +6,17 @@ Call with the exporter's lock held and each run refreshed (its waiting records a
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter.config import STOP_SEVERITIES, EarlyStopSettings
-from exporter.report.verdict import findings, summary_of
+from exporter.report.verdict import findings, read_summary, step_of, summary_of, verdict_of
 from exporter.runstate import RunState
+
+if TYPE_CHECKING:
+    from exporter.pipeline import IngestStats
 
 _ORDER = {"critical": 0, "warning": 1}
 
@@ -51,8 +55,10 @@ def stopping(active: list[ActiveFinding], settings: EarlyStopSettings) -> list[A
     return [f for f in active if f.severity in levels and (chosen is None or f.detector in chosen)]
 
 
-def run_document(run: RunState, settings: EarlyStopSettings) -> dict[str, Any]:
-    """One run's verdict as /api/v1/verdict gives it."""
+def run_document(run: RunState, settings: EarlyStopSettings, stats: IngestStats | None = None,
+                 now: float | None = None) -> dict[str, Any]:
+    """One run's verdict as /api/v1/verdict gives it: the fields of `posttrain-exporter report --format json` that
+    a run has while it runs (run, verdict, step, finished, worst, read), and its active findings."""
     found = findings(run)
     active = active_findings(run)
     severities = {f.severity for f in found}
@@ -60,9 +66,11 @@ def run_document(run: RunState, settings: EarlyStopSettings) -> dict[str, Any]:
     return {
         "run": run.name,
         "training": training_of(run),
-        "step": run.step if run.step >= 0 else None,
+        "step": step_of(run),
         "finished": run.finished,
-        "verdict": "unhealthy" if found else "healthy",  # as `posttrain-exporter report` says it
+        # as `posttrain-exporter report` says it, and `stale` once the run has gone quiet for longer than its pace
+        "verdict": verdict_of(run, found, time.time() if now is None else now),
+        "read": read_summary(run, stats).as_json(),
         "worst": next((s for s in STOP_SEVERITIES if s in severities), None),
         "stop": bool(stopping(active, settings)),
         "active": [f.as_json() for f in active],
@@ -78,10 +86,11 @@ def training_of(run: RunState) -> dict[str, Any] | None:
     return run.training.as_json() if run.training is not None else None
 
 
-def verdict_document(runs: Iterable[RunState], settings: EarlyStopSettings, only: str | None = None) -> dict[str, Any]:
+def verdict_document(runs: Iterable[RunState], settings: EarlyStopSettings, only: str | None = None,
+                     stats: Mapping[str, IngestStats] | None = None) -> dict[str, Any]:
     """Every run's verdict (or the run named `only`), and the stop signal's settings."""
     return {
-        "runs": [run_document(r, settings) for r in runs if only is None or r.name == only],
+        "runs": [run_document(r, settings, (stats or {}).get(r.name)) for r in runs if only is None or r.name == only],
         "early_stop": {"enabled": settings.enabled, "file": settings.file, "severity": settings.severity,
                        "detectors": None if settings.detectors is None else sorted(settings.detectors)},
     }

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from exporter.report.samples import samples_json, samples_text
-from exporter.report.verdict import RunVerdict
+from exporter.report.verdict import NO_DATA, RunVerdict, finite_or_none, hints
 
 
 def _num(v: float | None) -> str:
@@ -19,6 +19,9 @@ def _num(v: float | None) -> str:
 def to_text(verdicts: list[RunVerdict]) -> str:
     out = []
     for v in verdicts:
+        if v.verdict == NO_DATA:
+            out += _no_data(v)
+            continue
         state = "finished" if v.finished else "still running"
         out.append(f"run {v.run}: {v.verdict.upper()} (last step {v.last_step}, {state})")
         if v.best_step is not None:
@@ -44,16 +47,29 @@ def to_text(verdicts: list[RunVerdict]) -> str:
     return "\n".join(out)
 
 
-def _clean(v: float | None) -> float | None:
-    return None if v is None or not math.isfinite(v) else v
+def _no_data(v: RunVerdict) -> list[str]:
+    """A run without a training record: what was read, and what to try."""
+    out = [f"run {v.run}: NO DATA (no training record read; not judged)"]
+    if v.read is not None:
+        r = v.read
+        formats = ", ".join(f"{f} {n}" for f, n in sorted(r.records.items())) or "none"
+        out.append(f"  read: {r.lines} lines; records by format: {formats}; unmatched lines: {r.unmatched}; "
+                   f"unreadable: {r.errors}; progress-bar draws: {r.progress}")
+        out += [f"  try: {h}" for h in hints(r)]
+    out.append("")
+    return out
+
+
+_clean = finite_or_none
 
 
 def to_json(verdicts: list[RunVerdict]) -> str:
     runs: list[dict[str, Any]] = []
     for v in verdicts:
         runs.append({
-            "run": v.run, "verdict": v.verdict, "best_step": v.best_step, "best_reward": _clean(v.best_reward),
-            "kl_at_best_step": _clean(v.kl_at_best), "last_step": v.last_step, "finished": v.finished,
+            "run": v.run, "verdict": v.verdict, "step": v.last_step, "best_step": v.best_step,
+            "best_reward": _clean(v.best_reward), "kl_at_best_step": _clean(v.kl_at_best), "last_step": v.last_step,
+            "finished": v.finished, "worst": v.worst(), "read": v.read.as_json() if v.read is not None else None,
             "findings": [{"alert": f.alert, "severity": f.severity, "first_step": f.first_step,
                           "last_step": f.last_step, "detector": f.detector, "instrument": f.instrument,
                           "component": f.component, "summary": f.summary, "runbook_url": f.runbook_url,

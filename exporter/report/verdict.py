@@ -1,13 +1,19 @@
-"""Judge each run of a read log: its findings (the detectors' episodes, one finding per alert), its best
-step, its regime over time and a table of every instrument.
+"""Judge each run of a read log: its verdict, its findings (the detectors' episodes, one finding per alert), its
+best step, its regime over time and a table of every instrument.
 
 The findings are the detectors' own episodes, the state the alert rules read, so the report says what the
-alerts would have said; an alert fires from the step its detector became active until it cleared."""
+alerts would have said; an alert fires from the step its detector became active until it cleared.
+
+A run without a training record has no verdict on its training: it is `no_data`, never healthy (a CI gate
+pointed at the wrong file, a trainer that crashed before its first step or logs its metrics elsewhere), and
+the verdict says what was read instead. A live run that has logged nothing for longer than its own pace allows
+is `stale` (the PostTrainTrainerStalled alert's condition)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -15,13 +21,91 @@ from exporter.detectors.catalog import Detector, SeriesKey
 from exporter.instruments.derived import REGIME_OF
 from exporter.instruments.keymap import INSTRUMENTS
 from exporter.instruments.window import window_stats
+from exporter.parsers.record import RecordKind
 from exporter.runbooks import RUNBOOK_BASE
 from exporter.runstate import RunState
 
 if TYPE_CHECKING:
+    from exporter.pipeline import IngestStats
     from exporter.report.samples import SampleView
 
 TREND_POINTS = 50  # the window of the derived trends (windows.size)
+# The verdicts, worst first where a run could be judged at all.
+NO_DATA, UNHEALTHY, STALE, HEALTHY = "no_data", "unhealthy", "stale", "healthy"
+# A live run is stale once it has logged nothing for longer than thresholds.stall_seconds and this many times its
+# mean interval between records (the PostTrainTrainerStalled alert's condition, rules.py).
+STALL_INTERVALS = 5
+
+
+@dataclass(frozen=True)
+class ReadSummary:
+    """What was read for a run: enough to tell a wrong path from a trainer that logs elsewhere."""
+
+    lines: int  # lines (or file records) read: records, progress-bar draws, unmatched lines, errors
+    records: dict[str, int]  # records by format (hf, json, verl, trainer_state, ...)
+    training_records: int  # of which training records (not evaluation, not the end-of-run summary)
+    unmatched: int  # lines no parser claimed
+    errors: int  # lines a parser claimed but could not read
+    progress: int  # progress-bar draws
+
+    def as_json(self) -> dict[str, Any]:
+        return {"lines": self.lines, "records": dict(sorted(self.records.items())),
+                "training_records": self.training_records, "unmatched": self.unmatched, "errors": self.errors,
+                "progress_bar_draws": self.progress}
+
+
+def read_summary(run: RunState, stats: IngestStats | None) -> ReadSummary:
+    counts = stats.line_counts() if stats is not None else {}
+    records: dict[str, int] = {}
+    for (fmt, outcome), n in counts.items():
+        if outcome == "record":
+            records[fmt] = records.get(fmt, 0) + n
+    return ReadSummary(sum(counts.values()), records, run.records[RecordKind.TRAIN],
+                       sum(n for (_, o), n in counts.items() if o == "unmatched"),
+                       sum(n for (_, o), n in counts.items() if o == "error"),
+                       sum(n for (_, o), n in counts.items() if o == "progress"))
+
+
+def stale(run: RunState, now: float) -> bool:
+    """No record for longer than thresholds.stall_seconds and STALL_INTERVALS x the run's mean interval between
+    records, and the run has not finished (its source is still expected to say more)."""
+    if run.finished or not run.last_record_time:
+        return False
+    age = now - run.last_record_time
+    n = sum(run.records.values())
+    interval = (run.last_record_time - run.first_record_time) / (n - 1) if n > 1 and run.first_record_time else 0.0
+    return age > run.settings.thresholds.stall_seconds and age > STALL_INTERVALS * interval
+
+
+def verdict_of(run: RunState, found: list[Finding], now: float | None = None) -> str:
+    """no_data without a training record; else unhealthy with a finding; else stale when judged live (`now`) and
+    the run has gone quiet; else healthy."""
+    if not run.records[RecordKind.TRAIN]:
+        return NO_DATA
+    if found:
+        return UNHEALTHY
+    if now is not None and stale(run, now):
+        return STALE
+    return HEALTHY
+
+
+def hints(read: ReadSummary) -> list[str]:
+    """What to try when a run has no training record, from what was read."""
+    if not read.lines:
+        return ["nothing was read: check the path, and that the trainer writes there (the trainer container's "
+                "stdout and stderr, or its log file; PYTHONUNBUFFERED=1 so lines are not held in a buffer)"]
+    out = []
+    if read.records:
+        out.append("records were read but none is a training record (evaluation or the end-of-run summary only): "
+                   "the run may have crashed before its first logged step")
+    else:
+        out.append(f"no line of the {read.lines} read is a metrics record: the trainer may log its metrics "
+                   "elsewhere (verl prints them only when trainer.logger includes 'console'; transformers and TRL "
+                   "print a metrics dict every logging_steps steps, on the main process only: is this its output?)")
+    out.append("point the exporter at the trainer's own record instead: trainer_state.json (transformers, TRL) or "
+               "a TensorBoard event file, or pin the line format with --format (or a config `formats:` entry "
+               "for a custom line)")
+    return out
 
 
 @dataclass(frozen=True)
@@ -62,7 +146,7 @@ class InstrumentRow:
 @dataclass
 class RunVerdict:
     run: str
-    last_step: int
+    last_step: int | None  # None: no training record
     finished: bool
     findings: list[Finding]
     best_step: int | None  # the reward's peak (smoothed), the checkpoint to keep
@@ -73,23 +157,30 @@ class RunVerdict:
     series: dict[SeriesKey, tuple[np.ndarray, np.ndarray]] = field(repr=False, default_factory=dict)
     limits: dict[SeriesKey, list[tuple[str, float]]] = field(repr=False, default_factory=dict)
     samples: list[SampleView] = field(repr=False, default_factory=list)  # printed completions (report/samples.py)
-
-    @property
-    def verdict(self) -> str:
-        return "unhealthy" if self.findings else "healthy"
+    verdict: str = HEALTHY  # verdict_of: no_data, unhealthy, stale or healthy
+    read: ReadSummary | None = None
 
     def worst(self) -> str | None:
         sev = {f.severity for f in self.findings}
         return "critical" if "critical" in sev else "warning" if sev else None
 
 
-def judge(run: RunState, runbook_base: str = RUNBOOK_BASE) -> RunVerdict:
+def judge(run: RunState, runbook_base: str = RUNBOOK_BASE, stats: IngestStats | None = None) -> RunVerdict:
     run.refresh()
     found = findings(run, runbook_base)
     best_step, best_reward, kl_at_best = _best(run)
-    return RunVerdict(run.name, run.step, run.finished, found, best_step, best_reward, kl_at_best,
+    return RunVerdict(run.name, step_of(run), run.finished, found, best_step, best_reward, kl_at_best,
                       _regimes(run), _instruments(run), {k: s.arrays() for k, s in run.series.items() if len(s)},
-                      _limits(run))
+                      _limits(run), verdict_of(run, found), read_summary(run, stats))
+
+
+def step_of(run: RunState) -> int | None:
+    """The run's last training step; None before its first (no sentinel)."""
+    return run.step if run.step >= 0 else None
+
+
+def finite_or_none(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else v  # JSON has no NaN
 
 
 def summary_of(d: Detector, run: str, component: str | None) -> str:
@@ -104,7 +195,7 @@ def findings(run: RunState, runbook_base: str = RUNBOOK_BASE) -> list[Finding]:
         d: Detector = r.detector
         for e in r.state.episodes:
             ep = Episode(e.since, e.start, e.end)
-            last = e.end if e.end is not None else run.step
+            last = e.end if e.end is not None else max(run.step, e.start)
             f = by_alert.get((d.alert, r.sub))
             if f is None:
                 by_alert[d.alert, r.sub] = Finding(d.alert, d.name, d.severity, d.instrument, r.sub, e.start, last,

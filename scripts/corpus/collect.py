@@ -21,13 +21,13 @@ sys.path.insert(0, str(HERE))
 labels = importlib.import_module("support.labels")
 sample_labels = importlib.import_module("support.sample_labels")
 
-MIN_ONSET = 30  # a run starts normally
-MIN_AFTER = 40  # logged steps after the onset
+MIN_ONSET = 30  # a run starts normally (a run whose meta says "from_start": its collapse is its start)
+MIN_AFTER = 40  # logged steps after the onset (a run's "min_after": fewer, still above the detection bound of 20)
 
 # intent: the pathologies the run shows by the labelling rules (the one it was made for first); notes: what happens.
 RUN_META: dict[str, dict] = {
     "grpo_kl_blowup": {
-        "intent": ["kl_blowup", "entropy_collapse", "reward_std_collapse"],
+        "intent": ["kl_blowup", "entropy_collapse", "reward_std_collapse", "length_collapse"],
         "notes": "A brevity reward (-characters/10) pulls the policy away from the SFT answer ' The answer is N.': it "
                  "drops words, KL passes 1 and climbs to ~9 once completions shrink to a bare EOS; entropy then "
                  "collapses and, with every completion empty, reward_std goes to 0.",
@@ -40,13 +40,13 @@ RUN_META: dict[str, dict] = {
                  "falls to 0 for every sample.",
     },
     "grpo_reward_std_collapse": {
-        "intent": ["reward_std_collapse"],
+        "intent": ["reward_std_collapse", "dead_signal"],
         "notes": "A reward for any two-digit answer (right or wrong), beta=0: the policy saturates it within the "
                  "warm-up, reward_std falls to 0 on most steps and, once the last one-digit answers die out, stays "
                  "there; entropy, length and format stay as they were.",
     },
     "grpo_reward_std_collapse_2": {
-        "intent": ["reward_std_collapse", "length_hacking", "truncation"],
+        "intent": ["reward_std_collapse", "length_hacking", "truncation", "dead_signal"],
         "notes": "Prompts with operands up to 99, a reward for any answer above 100, 8 generations, beta=0: the reward "
                  "saturates and reward_std collapses; with no KL anchor the policy drifts into padding its "
                  "completions to max_completion_length (length and truncation rules fire before the std collapse "
@@ -118,6 +118,33 @@ RUN_META: dict[str, dict] = {
         "notes": "The brevity reward of grpo_kl_blowup (another seed, 200 steps) with log_completions=True: answers "
                  "shrink to 'The.', then '.', then the empty completion, the same for every prompt.",
     },
+    "grpo_dead_signal": {
+        "intent": ["dead_signal"],
+        "notes": "Format reward alone, beta=0, logging every 10 steps (generation metrics averaged over them, "
+                 "grad_norm the last step's): the SFT model already writes the format 95% of the time, so 75-100% "
+                 "of groups tie from the first record and grad_norm is exactly 0 on 48 of 60 records, while the "
+                 "mean reward_std of the groups that still differ stays at 0.03-0.2 (no reward-std collapse by its "
+                 "rule).",
+    },
+    "grpo_length_collapse": {
+        "intent": ["length_collapse", "kl_blowup", "reward_std_collapse", "entropy_collapse"],
+        "from_start": True, "min_after": 30,  # 60 records: the late collapses of reward std and entropy fit 30
+        "notes": "Brevity reward at lr 2e-3 without warm-up, logging every 10 steps: completions shrink from ~7 "
+                 "tokens (SFT) to 4.3 averaged over the first 10 steps and to ~1 by the second record; KL is above 1 "
+                 "from the first record (2.7, then 8-9). A baseline of the first 10 records would start at the "
+                 "collapse; the labels date it by steps (the first record).",
+    },
+    "grpo_healthy_logging10": {
+        "intent": [],
+        "notes": "Healthy run like grpo_healthy (another seed), logging every 10 steps for 500 steps: 50 logged "
+                 "points, each an average over 10 steps; length steady at ~7.5 tokens, entropy 0.44 -> 0.29.",
+    },
+    "dpo_saturated": {
+        "intent": ["dpo_saturation"],
+        "notes": "Easy pairs only (rejected answers always off-format), 200 pairs for 600 steps (24 epochs), lr "
+                 "1e-3: accuracy is 1 from step ~20, the loss falls below 0.01 around step 280 and stays there, "
+                 "margins keep widening to 6-9 while rewards/chosen stays near 0.",
+    },
     "dpo_displacement": {
         "intent": ["dpo_displacement"],
         "notes": "Chosen and rejected differ only in the answer's digits (swapped, or +-10), lr 5e-4, ~5 epochs: the "
@@ -165,14 +192,15 @@ def run_config(name: str) -> dict:
     return cfg
 
 
-def check(name: str, found: dict[str, int], records: list[dict], intent: list[str]) -> list[str]:
+def check(name: str, found: dict[str, int], records: list[dict], intent: list[str],
+          min_onset: int = MIN_ONSET, min_after: int = MIN_AFTER) -> list[str]:
     problems = []
     if set(found) != set(intent):
         problems.append(f"onsets {found} != intent {intent}")
     steps = sorted({int(e["step"]) for e in records})
     for pathology, step in found.items():
         after = sum(1 for s in steps if s > step)
-        if step < MIN_ONSET or after < MIN_AFTER:
+        if step < min_onset or after < min_after:
             problems.append(f"{pathology} onset {step} with {after} logged steps after it")
     return [f"{name}: {p}" for p in problems]
 
@@ -228,7 +256,8 @@ def main() -> int:
             if set(run["sample_onsets"]) != set(meta.get("sample_intent", [])):
                 problems.append(f"{name}: sample onsets {run['sample_onsets']} != {meta.get('sample_intent', [])}")
         (out / "run.json").write_text(json.dumps(run, indent=2) + "\n")
-        problems += check(name, found, records, meta["intent"])
+        problems += check(name, found, records, meta["intent"], 0 if meta.get("from_start") else MIN_ONSET,
+                          meta.get("min_after", MIN_AFTER))
         problems += check_log(name, (out / "combined.log").read_text(errors="replace"))
         print(f"{name:28s} onsets={found} steps={run['logged_steps']} {run['wall_seconds']}s")
     write_table(dest)

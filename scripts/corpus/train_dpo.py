@@ -33,7 +33,12 @@ def pairs_swapped(rnd: random.Random, a: int, b: int) -> tuple[str, str]:
     return f" The answer is {s}.", f" The answer is {wrong}."
 
 
-PAIRS = {f.__name__: f for f in (pairs_offformat, pairs_swapped)}
+def pairs_easy(rnd: random.Random, a: int, b: int) -> tuple[str, str]:
+    """chosen = the correct sum; rejected = always off-format text: pairs a model can tell apart at once."""
+    return f" The answer is {a + b}.", rnd.choice([" no", f" sad moon {a + b + 7} river", " ok ok ok"])
+
+
+PAIRS = {f.__name__: f for f in (pairs_offformat, pairs_swapped, pairs_easy)}
 
 COMMON = {
     "per_device_train_batch_size": 8,
@@ -55,6 +60,10 @@ RUNS: dict[str, dict] = {
     "dpo_displacement_2": {
         "data": ("pairs_swapped", 6, 99, 400),
         "args": {"learning_rate": 2e-3, "warmup_steps": 60, "max_steps": 250, "seed": 66},
+    },
+    "dpo_saturated": {  # only easy pairs, 24 epochs of 200: every pair is separated and the margins keep growing
+        "data": ("pairs_easy", 4, 99, 200),
+        "args": {"learning_rate": 1e-3, "warmup_steps": 20, "max_steps": 600, "seed": 85},
     },
     "dpo_healthy": {
         "data": ("pairs_offformat", 3, 99, 1000),

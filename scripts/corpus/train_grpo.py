@@ -152,7 +152,21 @@ RUNS: dict[str, dict] = {
         "rewards": ["ten_reward"], "data": (10, 9),
         "args": {"beta": 0.01, "learning_rate": 5e-4, "warmup_steps": 50, "seed": 43},
     },
+    # Logging every 10 steps (TRL averages the generation metrics over the 10 steps; grad_norm is the last step's):
+    "grpo_dead_signal": {  # the SFT model already writes the format 95% of the time: most groups tie at once
+        "rewards": ["format_reward"], "data": (10, 9),
+        "args": {"beta": 0.0, "learning_rate": 5e-4, "logging_steps": 10, "max_steps": 600, "seed": 81},
+    },
+    "grpo_length_collapse": {  # brevity at a high learning rate: completions shrink within the first records
+        "rewards": ["brevity_reward"], "data": (10, 9),
+        "args": {"beta": 0.04, "learning_rate": 2e-3, "logging_steps": 10, "max_steps": 600, "seed": 82},
+    },
     # --- healthy runs ---
+    "grpo_healthy_logging10": {
+        "rewards": ["format_reward", "closeness_reward"], "data": (10, 9),
+        "args": {"beta": 0.04, "learning_rate": 5e-4, "warmup_steps": 20, "logging_steps": 10, "max_steps": 500,
+                 "seed": 83},
+    },
     "grpo_healthy": {
         "rewards": ["format_reward", "closeness_reward"], "data": (10, 9),
         "args": {"beta": 0.04, "learning_rate": 5e-4, "warmup_steps": 20, "seed": 51},

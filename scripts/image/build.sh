@@ -19,8 +19,8 @@ base=localhost/posttrain-exporter-base:bookworm-$arch
 
 if [ ! -s "$base_tar" ]; then
   mkdir -p "$(dirname "$base_tar")"
-  scripts/image/base.sh "$base_tar.part" "$arch" >&2
-  mv "$base_tar.part" "$base_tar"
+  scripts/image/base.sh "$base_tar.part.tar" "$arch" >&2  # mmdebstrap writes a tarball for a name ending in .tar
+  mv "$base_tar.part.tar" "$base_tar"
 fi
 ctr=$(buildah from --arch "$arch" scratch)
 trap 'buildah rm "$ctr" >/dev/null 2>&1 || true' EXIT

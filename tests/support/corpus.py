@@ -25,15 +25,19 @@ CAUGHT_BY: dict[str, frozenset[str]] = {
     "entropy_collapse": frozenset({"entropy"}),
     "dpo_displacement": frozenset({"dpo_reward"}),
     "template_collapse": frozenset({"completion_diversity"}),  # labelled from the printed tables (sample_labels.py)
+    "length_collapse": frozenset({"completion_length"}),
+    "dead_signal": frozenset({"reward_std", "reward_zero_std"}),  # the same state, read from either
+    "dpo_saturation": frozenset({"dpo_accuracy"}),
 }
-# The stop signs: these must page, not only warn.
-PAGE_WORTHY = frozenset({"kl_blowup", "reward_std_collapse"})
+# The stop signs: these must page, not only warn. A dead learning signal is a reward-std collapse read from the
+# groups that tie.
+PAGE_WORTHY = frozenset({"kl_blowup", "reward_std_collapse", "dead_signal"})
 WITHIN_STEPS = 10  # a pathology must be caught this many logged steps after its onset at the latest ...
 # ... except a reward-std collapse, whose onset is dated from the first of a run of steps without signal.
 # With 4 prompt groups per batch and 0/1 rewards, a healthy run logs reward std 0 on half of its steps (the
 # grpo fixture: 8 of 10 in a row at step 101); telling a collapse (95% of steps without signal) from that
 # with few false pages takes about 15 points (docs/derived.md#reward-std-collapse). Within one label span.
-WITHIN: dict[str, int] = {"reward_std_collapse": 20}
+WITHIN: dict[str, int] = {"reward_std_collapse": 20, "dead_signal": 20}
 
 
 def within(pathology: str) -> int:

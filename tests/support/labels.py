@@ -21,10 +21,21 @@ certain. Thresholds are the same numbers as the exporter's default limits (docs/
   declining too fast; no absolute level, tasks differ).
 - dpo_displacement: rewards/chosen < -0.5 while rewards/margins > 0, span 10 (the chosen
   reward should rise; here the margin grows by pushing both answers down: likelihood displacement).
+- length_collapse: completions/mean_length < 0.5 x its baseline, span 10 (completions that lose half their
+  length: the policy found that saying less is safer, or its answers degenerated to a bare end of text).
+- dead_signal: frac_reward_zero_std >= 0.7 and grad_norm == 0, span 20 (GRPO-type: seven groups in ten give
+  no advantage and the update is exactly zero, so the run learns nothing, whatever the mean reward std of the
+  few groups that still differ says; a run with a KL term keeps a small gradient and is not dated here).
+- dpo_saturation: loss < 0.01 and rewards/accuracies >= 1.0, span 10 (a DPO-family run that has separated
+  every training pair and now only pushes margins).
 
-baseline = the median of the key's first 10 logged values. Entropy collapse is judged only in runs
-that sample completions and score them (they log `reward`: GRPO, RLOO, PPO): an SFT or DPO model's
-entropy falls as it fits its data, which is the point of those trainings, not a pathology.
+baseline = the median of the key's values logged in the run's first 10 steps (counted from its first logged
+step; at least its first value): dated by steps, not records, so that a run logging every 10 steps takes
+its first record (an average over 10 steps) as its start and a collapse by its second record is not
+averaged into its start. A run logging every step has 10 points there, as before.
+Entropy collapse is judged only in runs that sample completions and score them (they log `reward`: GRPO,
+RLOO, PPO): an SFT or DPO model's entropy falls as it fits its data, which is the point of those
+trainings, not a pathology.
 reward_std spans 20 points: with a few groups per batch a healthy run logs 0 on many single steps.
 dpo_displacement's -0.5 is in reward units (beta x log-prob change): at TRL's default beta = 0.1 the
 chosen answer has lost 5 nats against the reference while the margin still says the run is learning.
@@ -42,7 +53,7 @@ Points = list[tuple[int, float]]
 
 FRACTION = 0.8  # share of the span's points at which the condition must hold
 MIN_POINTS = 5  # a span cut short by the run's end still needs this many points
-BASELINE_POINTS = 10
+BASELINE_STEPS = 10  # the baseline: the values logged in the run's first this many steps
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,15 @@ RULES: tuple[LabelRule, ...] = (
     LabelRule("dpo_displacement", ("rewards/chosen", "rewards/margins"),
               lambda v, b: v["rewards/chosen"] < -0.5 and v["rewards/margins"] > 0, 10,
               "rewards/chosen < -0.5 and rewards/margins > 0"),
+    LabelRule("length_collapse", ("completions/mean_length",),
+              lambda v, b: v["completions/mean_length"] < 0.5 * b["completions/mean_length"], 10,
+              "completions/mean_length < 0.5 x its baseline"),
+    LabelRule("dead_signal", ("frac_reward_zero_std", "grad_norm"),
+              lambda v, b: v["frac_reward_zero_std"] >= 0.7 and v["grad_norm"] == 0, 20,
+              "frac_reward_zero_std >= 0.7 and grad_norm == 0"),
+    LabelRule("dpo_saturation", ("loss", "rewards/accuracies"),
+              lambda v, b: v["loss"] < 0.01 and v["rewards/accuracies"] >= 1.0, 10,
+              "loss < 0.01 and rewards/accuracies >= 1.0"),
 )
 
 
@@ -96,9 +116,10 @@ def onset(rule: LabelRule, records: list[dict]) -> int | None:
     if rule.needs is not None and not any(rule.needs in e for e in records):
         return None
     pts = _points(records, rule.keys)
-    if len(pts) < BASELINE_POINTS + MIN_POINTS:
+    if len(pts) < MIN_POINTS + 1:
         return None
-    base = {k: statistics.median(v[k] for _, v in pts[:BASELINE_POINTS]) for k in rule.keys}
+    start = [v for s, v in pts if s < pts[0][0] + BASELINE_STEPS] or [pts[0][1]]
+    base = {k: statistics.median(v[k] for v in start) for k in rule.keys}
     held = [rule.condition(v, base) for _, v in pts]
     for i, (step, _) in enumerate(pts):
         if not held[i]:
