@@ -12,21 +12,27 @@ from exporter.app import Exporter
 from exporter.config import Config, LogSpec
 from exporter.report import FAIL_ON as FAIL_ON
 from exporter.report import FORMATS as FORMATS
+from exporter.report.digest import HISTORY_POINTS, RunDigest
 from exporter.report.html import to_html
 from exporter.report.text import to_json, to_text
 from exporter.report.verdict import RunVerdict, judge
 from exporter.runbooks import RUNBOOK_BASE
 
 EXIT_FAILED = 1
-REPORT_HISTORY = 1_000_000  # points kept per series: a report sees the whole run, not the sidecar's window
 
 
 def verdicts(cfg: Config, specs: list[LogSpec], runbook_base: str = RUNBOOK_BASE) -> list[RunVerdict]:
+    # The whole run is seen through a digest that keeps what the report needs as the log is read (its memory does
+    # not grow with the run); the series keep enough points between two batches for it.
     cfg = dataclasses.replace(cfg, limits=dataclasses.replace(
-        cfg.limits, history_limit=max(cfg.limits.history_limit, REPORT_HISTORY)))
+        cfg.limits, history_limit=max(cfg.limits.history_limit, HISTORY_POINTS)))
     exporter = Exporter(cfg, specs)
+    digests = {}
+    for name, run in exporter.runs.items():
+        digests[name] = RunDigest()
+        run.watchers.append(digests[name])
     exporter.read_to_end()
-    return [judge(run, runbook_base) for run in exporter.runs.values()]
+    return [judge(run, runbook_base, digests.get(name)) for name, run in exporter.runs.items()]
 
 
 def render(found: list[RunVerdict], fmt: str) -> str:
