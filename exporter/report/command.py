@@ -14,6 +14,7 @@ from exporter.report import FAIL_ON as FAIL_ON
 from exporter.report import FORMATS as FORMATS
 from exporter.report.digest import HISTORY_POINTS, RunDigest
 from exporter.report.html import to_html
+from exporter.report.progress import ReadProgress
 from exporter.report.text import to_json, to_text
 from exporter.report.verdict import RunVerdict, judge
 from exporter.runbooks import RUNBOOK_BASE
@@ -31,7 +32,11 @@ def verdicts(cfg: Config, specs: list[LogSpec], runbook_base: str = RUNBOOK_BASE
     for name, run in exporter.runs.items():
         digests[name] = RunDigest()
         run.watchers.append(digests[name])
-    exporter.read_to_end()
+    progress = ReadProgress.for_terminal(sys.stderr, [s.path for s in specs],
+                                         lambda: sum(inp.follow.bytes_read for inp in exporter.inputs))
+    exporter.read_to_end(progress.tick if progress else None)
+    if progress:
+        progress.done()
     return [judge(run, runbook_base, digests.get(name)) for name, run in exporter.runs.items()]
 
 
