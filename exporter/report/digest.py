@@ -35,6 +35,7 @@ class SeriesDigest:
     buckets: dict[int, list[float]] = field(default_factory=dict)  # id -> [count, min, its step, max, its step]
     count: int = 0
     first: tuple[int, float] | None = None
+    last: tuple[int, float] | None = None
     upto: int = -1  # every point up to this step is in the buckets
     approximate: bool = False  # a resume cut a bucket whose points the series no longer held
     _whole: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
@@ -47,6 +48,7 @@ class SeriesDigest:
             self.first = (int(steps[0]), float(values[0]))
         self.count += len(steps)
         self.upto = int(steps[-1])
+        self.last = (self.upto, float(values[-1]))
         if self.keep_whole:
             self._whole.append((steps.copy(), values.copy()))
         self._bucket(steps, values)
@@ -78,8 +80,8 @@ class SeriesDigest:
         if self.upto < step:
             return
         edge = step // self.width
+        part = self.buckets.get(edge)
         self.buckets = {k: b for k, b in self.buckets.items() if k < edge}
-        part = self.buckets.pop(edge, None)
         self.upto = step - 1
         if self.keep_whole:
             steps = np.concatenate([s for s, _ in self._whole]) if self._whole else np.empty(0, np.int64)
@@ -97,7 +99,9 @@ class SeriesDigest:
                 self._bucket(steps[inside], values[inside])
         self.count = int(sum(b[0] for b in self.buckets.values()))
         if not self.buckets:
-            self.first = None
+            self.first = self.last = None
+        elif series is not None and len(series):
+            self.last = (int(series.arrays()[0][-1]), float(series.arrays()[1][-1]))
 
     def whole(self) -> tuple[np.ndarray, np.ndarray]:
         if not self._whole:
@@ -111,13 +115,13 @@ class SeriesDigest:
                 max((b[3] for b in self.buckets.values()), default=math.nan))
 
     def chart(self) -> tuple[np.ndarray, np.ndarray]:
-        """Each bucket's min and max, in step order."""
-        pts: list[tuple[int, float]] = []
-        for k in sorted(self.buckets):
-            _, lo, lo_step, hi, hi_step = self.buckets[k]
-            pair = sorted({(int(lo_step), lo), (int(hi_step), hi)})
-            pts.extend(pair)
-        return np.array([p[0] for p in pts], dtype=np.int64), np.array([p[1] for p in pts], dtype=np.float64)
+        """Each bucket's min and max, and the first and last points, in step order."""
+        pts = {p for p in (self.first, self.last) if p is not None}
+        for _, lo, lo_step, hi, hi_step in self.buckets.values():
+            pts |= {(int(lo_step), lo), (int(hi_step), hi)}
+        ordered = sorted(pts)
+        return (np.array([p[0] for p in ordered], dtype=np.int64),
+                np.array([p[1] for p in ordered], dtype=np.float64))
 
 
 def _combine(a: list[float], b: list[float]) -> list[float]:

@@ -63,8 +63,8 @@ def _downsample(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.n
     return np.array(xs), np.array(ys)
 
 
-LABEL_H = 11  # px between two limit labels' baselines (font-size 10): closer, they print on each other
-CHAR_W = 6.2  # px per character of a 10px label, an upper bound for digits and lower-case (the overlap checks)
+LABEL_H = 12  # px between two limit labels' baselines: a 10px label's box is about 11.6 px high
+CHAR_W = 6.4  # px per character of a 10px label: DejaVu Sans's digits (placing the x labels inside the chart)
 LOG_DECADES = 2  # a positive series spanning more decades than this is drawn on a log scale
 HOVER_R = 3
 HALO = 'stroke="#fff" stroke-width="3" paint-order="stroke"'  # a label stays readable over the line it crosses

@@ -64,8 +64,12 @@ def _summary_lines(v: RunVerdict) -> list[str]:
                    " (the checkpoint to keep)")
     if v.regimes:
         out.append("  regime (share of the judged steps): "
-                   + ", ".join(f"{name} {share:.0%}" for name, share in regime_shares(v.regimes)))
+                   + ", ".join(f"{name} {_share(share)}" for name, share in regime_shares(v.regimes)))
     return out
+
+
+def _share(share: float) -> str:
+    return f"{share:.0%}" if share >= 0.005 else "<1%"
 
 
 def _finding_lines(v: RunVerdict, f: Finding) -> list[str]:
@@ -82,7 +86,7 @@ def _regime_lines(v: RunVerdict) -> list[str]:
     if not v.regimes:
         return []
     timeline = regime_timeline(v.regimes)
-    items = [f"{a}-{b} {name}" + (f" ({share:.0%})" if share < 1 else "") for a, b, name, share in timeline]
+    items = [f"{a}-{b} {name}" + (f" ({_share(share)})" if share < 1 else "") for a, b, name, share in timeline]
     head = "  regime over time" + (" (the regime that held most of each stretch):" if len(timeline) < len(v.regimes)
                                    else ":")
     return [head, "    " + "; ".join(items)]
