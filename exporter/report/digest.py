@@ -155,6 +155,8 @@ class RunDigest:
         d = self._of(key)
         steps, values = s.arrays()
         lo = int(np.searchsorted(steps, d.upto, side="right"))
+        if lo == 0 and d.count and len(s) >= s.limit:  # the series dropped points the digest had not taken yet
+            d.approximate = True
         hi = len(steps) if last_too else len(steps) - 1  # the last point: a record of its step may replace it
         if lo < hi:
             d.add(steps[lo:hi], values[lo:hi])
@@ -177,8 +179,8 @@ class RunDigest:
             if len(s):
                 self._take(key, s, last_too=True)
         if any(d.approximate for d in self.series.values()):
-            log.warning("run %s resumed further back than its series kept: the report's min and max of the steps "
-                        "before the resume may include values the resume replaced", run.name)
+            log.warning("run %s: its series kept fewer points than the report needed (a resume further back than "
+                        "they kept): its min, max and point counts may be off by the points around it", run.name)
         return self
 
     @classmethod

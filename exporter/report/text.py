@@ -50,7 +50,8 @@ def _summary_lines(v: RunVerdict) -> list[str]:
     counts = {s: sum(f.severity == s for f in v.findings) for s in ("critical", "warning")}
     if v.findings:
         said = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-        out.append(f"  summary: {said} finding{'s' if len(v.findings) > 1 else ''}; the worst:")
+        worst = "; the worst:" if len(v.findings) > SUMMARY_FINDINGS else ":"
+        out.append(f"  summary: {len(v.findings)} finding{'s' if len(v.findings) > 1 else ''} ({said}){worst}")
         for f in v.findings[:SUMMARY_FINDINGS]:
             where = f" [{f.component}]" if f.component else ""
             parts = stretches(f.episodes, _first_step(v), v.last_step)
