@@ -154,17 +154,18 @@ def _chart(title: str, steps: np.ndarray, values: np.ndarray, x0: int, x1: int,
         parts.append(f'<line x1="{x(best):.1f}" x2="{x(best):.1f}" y1="{PAD_T}" y2="{H - PAD_B}" stroke="#2e7d32" '
                      'stroke-width="1.5"><title>best step</title></line>')
     label_ys = _spread([y(lim) - 3 for _, lim in limits], top + 9, bottom - 2)
-    for (name, lim), ly in zip(limits, label_ys, strict=True):
+    for name, lim in limits:
         parts.append(f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{y(lim):.1f}" y2="{y(lim):.1f}" stroke="#c62828" '
                      f'stroke-dasharray="5,4" stroke-width="1"><title>{_esc(name)}: {_fmt(lim)}</title></line>')
-        parts.append(f'<text class="limit" x="{W - PAD_R - 2}" y="{ly:.1f}" font-size="10" fill="#c62828" '
-                     f'text-anchor="end" {HALO}>{_esc(name)} {_fmt(lim)}</text>')
     pts = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in zip(steps.tolist(), values.tolist(), strict=True))
     parts.append(f'<polyline points="{pts}" fill="none" stroke="#1565c0" stroke-width="1.2"/>')
     # Hovering a point shows its step and value (the browser's own tooltip: no script in the page).
     parts.append('<g class="pts" fill="#1565c0" fill-opacity="0">' + "".join(
         f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="{HOVER_R}"><title>step {s}: {_fmt(v)}</title></circle>'
         for s, v in zip(steps.tolist(), values.tolist(), strict=True)) + "</g>")
+    for (name, lim), ly in zip(limits, label_ys, strict=True):  # over the line, so that it stays readable
+        parts.append(f'<text class="limit" x="{W - PAD_R - 2}" y="{ly:.1f}" font-size="10" fill="#c62828" '
+                     f'text-anchor="end" {HALO}>{_esc(name)} {_fmt(lim)}</text>')
     for v in scale.ticks():
         parts.append(f'<text class="ytick" x="{PAD_L - 4}" y="{y(v) + 3:.1f}" font-size="10" fill="#616161" '
                      f'text-anchor="end">{_fmt(v)}</text>')
