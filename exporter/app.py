@@ -6,7 +6,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from exporter.config import Config, EarlyStopSettings, LogSpec
@@ -135,12 +135,15 @@ class Exporter:
         """Some input has more text waiting than one poll reads: the exporter is reading a log's history."""
         return any(inp.catching_up for inp in self.inputs)
 
-    def read_to_end(self) -> None:
-        """`dump`: every input to its end, then everything held is ingested."""
+    def read_to_end(self, after_poll: Callable[[], None] | None = None) -> None:
+        """`dump`: every input to its end, then everything held is ingested. `after_poll`: called after each
+        slice read (the report's progress line)."""
         for inp in self.inputs:
             inp.poll(timeout=0.5)
             while not inp.drained:
                 inp.poll(timeout=0.5)
+                if after_poll is not None:
+                    after_poll()
             inp.finish()
         for run in self.runs.values():
             run.refresh()

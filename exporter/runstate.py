@@ -9,12 +9,13 @@ import operator
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from exporter.console.framing import MAX_LINE_LENGTH
 from exporter.detectors.engine import DetectorSet
-from exporter.instruments.columns import Shape, ShapePlan, batch_columns, rows_by_shape
+from exporter.instruments.columns import Column, Shape, ShapePlan, batch_columns, rows_by_shape
 from exporter.instruments.derived import DerivedState
 from exporter.instruments.keymap import INSTRUMENTS, KeyMap
 from exporter.instruments.series import Series
@@ -38,6 +39,12 @@ KEY_DROP_REASONS = ("max_keys", "key_too_long", "key_not_utf8")
 # Skipped values that are routine (HF prints None for a NaN) and not worth a log line.
 _ROUTINE_SKIPS = frozenset({"none", "non_numeric"})
 _KIND, _STEP, _SKIPPED, _NUMBERS = (operator.attrgetter(a) for a in ("kind", "step", "skipped", "numbers"))
+
+
+class RunWatcher(Protocol):
+    def on_batch(self, run: RunState, cols: dict[SeriesKey, Column]) -> None: ...
+
+    def on_rewind(self, run: RunState, step: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,8 @@ class RunState:
     _pending: list[Record] = field(init=False, default_factory=list, repr=False)
     _admitted: set[str] = field(init=False, default_factory=set, repr=False)  # keys counted against max_keys
     _warned: set[str] = field(init=False, default_factory=set, repr=False)  # reasons already logged
+    # Told of every batch applied and every resume (the report's digest: what it keeps of the whole run).
+    watchers: list[RunWatcher] = field(init=False, default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self._new_judgment()
@@ -243,6 +252,8 @@ class RunState:
                 self.nonfinite[sk] += len(col.values) - int(np.count_nonzero(col.finite))
         self.derived.on_batch(cols, len(batch))
         self.detectors.on_batch(cols, len(batch))
+        for w in self.watchers:
+            w.on_batch(self, cols)
 
     def _plan(self, shape: Shape) -> ShapePlan:
         """Which key feeds which series, and which keys are exported, for one record shape; trainers
@@ -328,6 +339,8 @@ class RunState:
             s.cut_back(step)
         self.derived.rebuild(self.series)
         self.detectors.rebuild(self.series, step)
+        for w in self.watchers:
+            w.on_rewind(self, step)
 
 
 def _is_utf8(text: str) -> bool:

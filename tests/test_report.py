@@ -3,16 +3,25 @@ contract, the exit code for CI, and the HTML page in a real headless browser."""
 
 from __future__ import annotations
 
+import dataclasses
+import html
+import itertools
 import json
+import math
 import os
+import pty
+import random
+import re
 import shutil
 import struct
 import subprocess
+import xml.etree.ElementTree as ET
 import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
-from conftest import REPO, require_binary, run_cli
+from conftest import REPO, exporter_cmd, require_binary, run_cli
 from support.corpus import CAUGHT_BY, LabelledRun, labelled_runs
 from support.stepwise import input_series, records_of, scrapes
 from test_detection import RULES, _promtool
@@ -22,8 +31,11 @@ from exporter.config import Config, EarlyStopSettings, LogSpec
 from exporter.parsers.record import RecordKind
 from exporter.report import FAIL_ON
 from exporter.report.command import EXIT_NO_DATA, failed, render, verdicts
+from exporter.report.digest import CHART_BUCKETS, SeriesDigest
+from exporter.report.html import to_html
 from exporter.report.live import run_document
-from exporter.report.verdict import RunVerdict
+from exporter.report.ranges import shown, stretches
+from exporter.report.verdict import Episode, RunVerdict, judge
 
 RUNS = labelled_runs()
 
@@ -205,7 +217,7 @@ def test_a_log_without_training_records_is_no_data_and_fails_the_gate(kind: str,
         assert text.startswith(f"run {kind}: NO DATA") and "HEALTHY" not in text and "-1" not in text
         assert f"read: {lines} lines" in text and f"unmatched lines: {lines}" in text and "try: " in text
         assert "no training record" in r.stderr.decode()
-    r = run_cli("report", str(log), "--format", "json")
+    r = run_cli("report", str(log), "--output.format", "json")
     assert r.returncode == 0  # without --fail-on the exit code carries no verdict
     (one,) = json.loads(r.stdout)["runs"]
     assert one["verdict"] == "no_data" and one["step"] is None and one["last_step"] is None
@@ -254,3 +266,206 @@ def test_a_run_gone_quiet_for_longer_than_its_pace_is_stale(tmp_path: Path) -> N
     fresh = Exporter(Config(), [LogSpec(str(tmp_path / "not-yet.log"), "fresh")])
     (doc,) = fresh.verdict()["runs"]
     assert doc["verdict"] == "no_data" and doc["step"] is None
+
+
+# --- long runs (issue 28) -------------------------------------------------------------------------------------
+
+LONG_STEPS = 100_000
+KL_SPIKE_STEP, KL_SPIKE = 50_000, 43.0
+
+
+@pytest.fixture(scope="module")
+def long_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A long run as flat JSON lines: noisy reward and KL (the regime changes thousands of times), KL held above
+    its warning limit for 20 steps in every 300 after step 6,000 (hundreds of episodes), one KL spike to 43."""
+    rng = random.Random(28)
+    path = tmp_path_factory.mktemp("long") / "long.jsonl"
+    with path.open("w") as f:
+        for step in range(1, LONG_STEPS + 1):
+            kl = 0.02 + 0.01 * rng.random()
+            if step > 6000 and step % 300 < 20:
+                kl = 0.7 + 0.1 * rng.random()
+            if step == KL_SPIKE_STEP:
+                kl = KL_SPIKE
+            reward = 0.5 + 0.1 * math.sin(step / 700) + 0.05 * rng.random()
+            f.write(json.dumps({"step": step, "kl": kl, "reward": reward, "reward_std": 0.2 + 0.05 * rng.random(),
+                                "entropy": 0.6 + 0.05 * rng.random(), "learning_rate": 1e-6}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def long_verdict(long_log: Path) -> RunVerdict:
+    (v,) = verdicts(Config(), [LogSpec(str(long_log), "long")])
+    return v
+
+
+def test_a_long_run_reads_in_a_page_summary_first(long_verdict: RunVerdict) -> None:
+    v = long_verdict
+    assert len(v.regimes) > 1000 and max(len(f.episodes) for f in v.findings) > 200  # what made it 300 KB
+    text = render([v], "text")
+    assert len(text.encode()) < 20_000, len(text)
+    assert max(len(line) for line in text.splitlines()) < 400
+    lines = text.splitlines()
+    summary, best, findings_at = (next(i for i, ln in enumerate(lines) if ln.strip().startswith(p))
+                                  for p in ("summary:", "best step", "findings:"))
+    assert 0 < summary < best < findings_at, "verdict, worst findings and best step come before the details"
+    kl = next(ln for ln in lines[findings_at:] if "PostTrainKLWarning" in ln)
+    episodes = next(f for f in v.findings if f.alert == "PostTrainKLWarning").episodes
+    assert f"({len(episodes)} episodes)" in kl and kl.count("-") <= 2 * 6 + 2, kl  # one stretch, not 300 ranges
+    shares = next(ln for ln in lines if "regime (share" in ln)
+    assert "converged" in shares and "%" in shares
+    timeline = lines[next(i for i, ln in enumerate(lines) if "regime over time" in ln) + 1]
+    assert 1 <= timeline.count(";") + 1 <= 12
+
+
+def test_episodes_join_where_gaps_are_small_and_the_rest_is_counted() -> None:
+    close = [Episode(s, s, s + 10) for s in range(1000, 200_000, 300)]  # gaps of 290 steps in a 200k-step run
+    (one,) = stretches(close, 0, 200_000)
+    assert (one.start, one.end, one.episodes) == (1000, close[-1].end, len(close))
+    assert one.firing == 11 * len(close)
+    apart = [Episode(s, s, s + 10) for s in range(1000, 200_000, 20_000)]  # 10 episodes far apart
+    parts = stretches(apart, 0, 200_000)
+    assert len(parts) == 10 and shown([p.text() for p in parts]).endswith("and 4 more")
+    assert stretches([Episode(5, 7, None)], 0, 100)[0].text() == "7-end"
+
+
+def test_the_digest_sees_the_whole_run_through_a_resume(tmp_path: Path) -> None:
+    """The report keeps a digest while reading instead of every point: what it says (point counts, first, min,
+    max, regimes, KL at the best step) is what the whole history says, also when the run resumed from an earlier
+    step (the points after the resume replace those logged before it)."""
+    rng = random.Random(5)
+    log = tmp_path / "resumed.jsonl"
+    with log.open("w") as f:
+        for before, steps in ((True, range(1, 9001)), (False, range(7000, 12_001))):  # resumed at 7,000
+            for step in steps:
+                f.write(json.dumps({"step": step, "kl": rng.random() * (3 if step < 7000 else 1), "reward":
+                                    rng.gauss(0, 1) + (9 if before and step >= 8000 else 0)}) + "\n")
+    (got,) = verdicts(Config(), [LogSpec(str(log), "r")])
+    whole_cfg = Config()
+    whole_cfg = dataclasses.replace(whole_cfg, limits=dataclasses.replace(whole_cfg.limits, history_limit=100_000))
+    ex = Exporter(whole_cfg, [LogSpec(str(log), "r")])
+    ex.read_to_end()
+    want = judge(ex.runs["r"])  # no digest: everything from the series, which kept every point
+    assert [dataclasses.astuple(r) for r in got.instruments] == [dataclasses.astuple(r) for r in want.instruments]
+    reward = next(r for r in got.instruments if r.label == "reward")
+    assert reward.points == 12_000 and reward.max < 5  # the points before the resume are gone with their peak
+    assert got.regimes == want.regimes and len(got.regimes) > 10
+    assert (got.best_step, got.kl_at_best) == (want.best_step, want.kl_at_best)
+
+
+def test_a_digest_stays_small_however_long_the_series() -> None:
+    d = SeriesDigest(keep_whole=False)
+    rng = np.random.default_rng(3)
+    values = rng.normal(size=1_000_000)
+    for a in range(0, 1_000_000, 1024):
+        d.add(np.arange(a, min(a + 1024, 1_000_000), dtype=np.int64), values[a:a + 1024])
+    assert len(d.buckets) <= CHART_BUCKETS and d.count == 1_000_000
+    assert d.extremes() == (values.min(), values.max())
+    steps, _ = d.chart()
+    assert len(steps) <= 2 * CHART_BUCKETS and np.all(np.diff(steps) > 0)
+    assert values.argmax() in steps and values.argmin() in steps
+
+
+def _stderr_on_a_terminal(*args: str) -> tuple[int, bytes]:
+    """Runs the command with its standard error on a pseudo-terminal; its exit code and what that showed."""
+    main, sub = pty.openpty()
+    proc = subprocess.Popen(exporter_cmd(*args), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sub,
+                            cwd=REPO)
+    os.close(sub)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:  # the other end closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(main)
+    return proc.wait(timeout=120), seen
+
+
+def test_progress_on_stderr_only_when_it_is_a_terminal(long_log: Path, tmp_path: Path) -> None:
+    code, seen = _stderr_on_a_terminal("report", str(long_log), "--out", str(tmp_path / "a.txt"))
+    assert code in (0, 1)
+    text = seen.decode()
+    assert re.search(r"reading \S*long\.jsonl: \d+% \(\d+ of \d+ MB, \d+\.\d s\)", text), text
+    assert text.endswith("\r\x1b[K"), "the progress line is cleared once the log is read"
+    piped = run_cli("report", str(long_log), "--out", str(tmp_path / "b.txt"))
+    assert piped.stderr == b"", piped.stderr  # a pipe (CI, a file) gets no progress
+    assert (tmp_path / "a.txt").read_text() == (tmp_path / "b.txt").read_text()
+
+
+def _svgs(page: str) -> dict[str, ET.Element]:
+    return {e.get("aria-label"): e for e in (ET.fromstring(m) for m in re.findall(r"<svg.*?</svg>", page, re.S))
+            if e.get("aria-label")}
+
+
+def test_long_run_charts_read_well(long_verdict: RunVerdict) -> None:
+    page = to_html([long_verdict])
+    charts = _svgs(page)
+    kl, reward = charts["kl"], charts["reward"]
+    assert kl.get("data-y-scale") == "log", "KL spans 3 decades: one spike to 43 must not flatten the rest"
+    assert reward.get("data-y-scale") == "linear"
+    ticks = [float(t.text) for t in kl.iter("text") if t.get("class") == "ytick"]
+    assert max(ticks) >= KL_SPIKE and min(ticks) <= 0.02
+    for name, svg in charts.items():
+        xs = [t.text for t in svg.iter("text") if t.get("class") == "xtick"]
+        assert xs and xs[-1] == str(LONG_STEPS), (name, xs)
+        line = next(svg.iter("polyline")).get("points").split()
+        titles = [c.find("title").text for c in svg.iter("circle")]
+        assert len(titles) == len(line) and all(re.fullmatch(r"step \d+: \S+", t) for t in titles), name
+    assert any(t.startswith(f"step {KL_SPIKE_STEP}: 43") for t in (c.find("title").text for c in kl.iter("circle")))
+    assert "<script" not in page and "src=" not in page and "url(" not in page
+
+
+# Measures the rendered page (a copy with this script added: the report itself has none) and writes what it found
+# into the DOM, which chromium --dump-dom prints.
+_MEASURE = """<script>
+const boxes = [];
+for (const svg of document.querySelectorAll('svg[aria-label]')) {
+  const w = svg.viewBox.baseVal.width;
+  const box = t => { const b = t.getBBox(); return [b.x, b.y, b.x + b.width, b.y + b.height]; };
+  boxes.push({chart: svg.getAttribute('aria-label'), width: w,
+              limits: [...svg.querySelectorAll('text.limit')].map(box),
+              xticks: [...svg.querySelectorAll('text.xtick')].map(t => [t.textContent, ...box(t)])});
+}
+const out = document.createElement('pre'); out.id = 'measured'; out.textContent = JSON.stringify(boxes);
+document.body.appendChild(out);
+</script>"""
+
+
+def _overlap(a: list[float], b: list[float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def test_chart_labels_in_a_browser_neither_overlap_nor_leave_the_chart(long_verdict: RunVerdict,
+                                                                       tmp_path: Path) -> None:
+    """Measured in headless chromium: the KL chart's limit labels (kl_critical 1 and kl_high 0.5, 0.3 decades
+    apart on a log scale) do not overlap, and the x labels of a 100,000-step run are inside their chart."""
+    chromium = require_binary("chromium")
+    blowup = report_of(next(r for r in RUNS if r.name == "grpo_kl_blowup_2"))
+    page = to_html([blowup, long_verdict])
+    shot_page = tmp_path / "report.html"
+    shot_page.write_text(page)
+    measured = tmp_path / "measured.html"
+    measured.write_text(page.replace("</body>", _MEASURE + "</body>"))
+    flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,1800"]
+    dom = subprocess.run([*flags, "--dump-dom", measured.as_uri()], capture_output=True, timeout=120)
+    found = re.search(r'<pre id="measured">(.*?)</pre>', dom.stdout.decode())
+    assert found, dom.stderr.decode()[-2000:]
+    charts = json.loads(html.unescape(found.group(1)))
+    limited = [c for c in charts if len(c["limits"]) >= 2]
+    assert any(c["chart"] == "kl" for c in limited)
+    for c in limited:
+        for a, b in itertools.combinations(c["limits"], 2):
+            assert not _overlap(a, b), (c["chart"], a, b)
+    for c in charts:
+        for text, x0, _, x1, _ in c["xticks"]:
+            assert x0 >= 0 and x1 <= c["width"], (c["chart"], text, x0, x1)
+    shot = tmp_path / "report.png"
+    subprocess.run([*flags, f"--screenshot={shot}", shot_page.as_uri()], capture_output=True, timeout=120)
+    width, _, pixels = _png_pixels(shot)
+    assert width == 1200 and len(set(pixels[::97])) > 20, "the page did not render"

@@ -14,7 +14,9 @@ from exporter.app import Exporter
 from exporter.config import Config, LogSpec
 from exporter.report import FAIL_ON as FAIL_ON
 from exporter.report import FORMATS as FORMATS
+from exporter.report.digest import HISTORY_POINTS, RunDigest
 from exporter.report.html import to_html
+from exporter.report.progress import ReadProgress
 from exporter.report.samples import sample_views
 from exporter.report.text import to_json, to_text
 from exporter.report.verdict import NO_DATA, RunVerdict, judge
@@ -22,17 +24,26 @@ from exporter.runbooks import RUNBOOK_BASE
 
 EXIT_FAILED = 1  # a finding at or above --fail-on
 EXIT_NO_DATA = 3  # with --fail-on: a run without a training record (2 is the command line's own usage error)
-REPORT_HISTORY = 1_000_000  # points kept per series: a report sees the whole run, not the sidecar's window
 
 
 def verdicts(cfg: Config, specs: list[LogSpec], runbook_base: str = RUNBOOK_BASE) -> list[RunVerdict]:
+    # The whole run is seen through a digest that keeps what the report needs as the log is read (its memory does
+    # not grow with the run); the series keep enough points between two batches for it.
     cfg = dataclasses.replace(cfg, limits=dataclasses.replace(
-        cfg.limits, history_limit=max(cfg.limits.history_limit, REPORT_HISTORY)))
+        cfg.limits, history_limit=max(cfg.limits.history_limit, HISTORY_POINTS)))
     exporter = Exporter(cfg, specs)
-    exporter.read_to_end()
+    digests = {}
+    for name, run in exporter.runs.items():
+        digests[name] = RunDigest()
+        run.watchers.append(digests[name])
+    progress = ReadProgress.for_terminal(sys.stderr, [s.path for s in specs],
+                                         lambda: sum(inp.follow.bytes_read for inp in exporter.inputs))
+    exporter.read_to_end(progress.tick if progress else None)
+    if progress:
+        progress.done()
     found = []
     for name, run in exporter.runs.items():
-        v = judge(run, runbook_base, exporter.stats.get(name))
+        v = judge(run, runbook_base, exporter.stats.get(name), digests.get(name))
         v.samples = sample_views(run, v)
         found.append(v)
     return found

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from exporter.detectors.catalog import BY_NAME
+from exporter.report.ranges import regime_timeline, shown, stretches
 from exporter.report.samples import CSS as SAMPLES_CSS
 from exporter.report.samples import samples_html
 from exporter.report.verdict import NO_DATA, Finding, RunVerdict, hints
@@ -26,6 +27,7 @@ REGIME_COLOURS = {"improving_with_drift": "#7cb342", "improving_without_drift": 
                   "unknown": "#e0e0e0"}
 SEVERITY_COLOURS = {"critical": "#c62828", "warning": "#ef6c00"}
 CSS = """
+.pts circle:hover{fill-opacity:1}
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#212121;background:#fafafa}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;margin:28px 0 8px} h3{font-size:13px;margin:0 0 2px}
 .badge{display:inline-block;padding:2px 10px;border-radius:10px;color:#fff;font-weight:600;font-size:13px}
@@ -63,26 +65,86 @@ def _downsample(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.n
     return np.array(xs), np.array(ys)
 
 
+LABEL_H = 12  # px between two limit labels' baselines: a 10px label's box is about 11.6 px high
+CHAR_W = 6.4  # px per character of a 10px label: DejaVu Sans's digits (placing the x labels inside the chart)
+LOG_DECADES = 2  # a positive series spanning more decades than this is drawn on a log scale
+HOVER_R = 3
+HALO = 'stroke="#fff" stroke-width="3" paint-order="stroke"'  # a label stays readable over the line it crosses
+
+
+class _YScale:
+    """Linear, or log (base 10) when a series spans decades: values at or below the floor sit on it."""
+
+    def __init__(self, values: np.ndarray, limits: list[float]) -> None:
+        every = np.concatenate([values, np.asarray(limits, dtype=np.float64)])
+        lo, hi = float(every.min()), float(every.max())
+        positive = every[every > 0]
+        self.log = bool(lo >= 0 and len(positive) >= 2 and hi / float(positive.min()) > 10 ** LOG_DECADES)
+        if self.log:
+            floor = max(float(positive.min()), hi * 1e-6)
+            lo, hi = 10 ** math.floor(math.log10(floor)), 10 ** math.ceil(math.log10(hi))
+        elif hi - lo < 1e-12:
+            lo, hi = lo - 0.5 * (abs(lo) or 1), hi + 0.5 * (abs(hi) or 1)
+        self.lo, self.hi = lo, hi
+
+    def frac(self, v: float) -> float:
+        """0 at the bottom, 1 at the top."""
+        if self.log:
+            return (math.log10(max(v, self.lo)) - math.log10(self.lo)) / (math.log10(self.hi) - math.log10(self.lo))
+        return (v - self.lo) / (self.hi - self.lo)
+
+    def ticks(self) -> list[float]:
+        if not self.log:
+            return [self.lo, (self.lo + self.hi) / 2, self.hi]
+        a, b = round(math.log10(self.lo)), round(math.log10(self.hi))
+        every = max(1, math.ceil((b - a) / 4))  # at most 5 decade labels
+        return [10.0 ** e for e in range(a, b + 1, every)] + ([self.hi] if (b - a) % every else [])
+
+
+def _spread(ys: list[float], top: float, bottom: float) -> list[float]:
+    """Label baselines moved apart to LABEL_H at least, in their order, kept between top and bottom."""
+    order = sorted(range(len(ys)), key=lambda i: ys[i])
+    out = list(ys)
+    prev = -math.inf
+    for i in order:
+        out[i] = max(out[i], prev + LABEL_H, top)
+        prev = out[i]
+    nxt = math.inf
+    for i in reversed(order):  # pushed past the bottom: move the stack up
+        out[i] = min(out[i], nxt - LABEL_H, bottom)
+        nxt = out[i]
+    return out
+
+
+def _x_label(x: float, text: str) -> tuple[float, str]:
+    """An x tick label inside the chart: anchored at its end near the right edge, at its start near the left."""
+    half = len(text) * CHAR_W / 2
+    if x + half > W - 2:
+        return W - 2, "end"
+    if x - half < 2:
+        return 2, "start"
+    return x, "middle"
+
+
 def _chart(title: str, steps: np.ndarray, values: np.ndarray, x0: int, x1: int,
            limits: list[tuple[str, float]], marks: list[tuple[Finding, int, int]], best: int | None) -> str:
     finite = np.isfinite(values)
     steps, values = _downsample(steps[finite], values[finite])
     if not len(values):
         return ""
-    lo, hi = float(values.min()), float(values.max())
-    for _, lim in limits:
-        lo, hi = min(lo, lim), max(hi, lim)
-    if hi - lo < 1e-12:
-        lo, hi = lo - 0.5 * (abs(lo) or 1), hi + 0.5 * (abs(hi) or 1)
+    scale = _YScale(values, [lim for _, lim in limits])
     span = max(x1 - x0, 1)
+    top, bottom = PAD_T, H - PAD_B
 
     def x(s: float) -> float:
         return PAD_L + (s - x0) / span * (W - PAD_L - PAD_R)
 
     def y(v: float) -> float:
-        return PAD_T + (hi - v) / (hi - lo) * (H - PAD_T - PAD_B)
+        return bottom - scale.frac(v) * (bottom - top)
 
-    parts = [f'<svg width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img" aria-label="{_esc(title)}">',
+    kind = "log" if scale.log else "linear"
+    parts = [f'<svg width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img" aria-label="{_esc(title)}" '
+             f'data-y-scale="{kind}">',
              f'<rect x="{PAD_L}" y="{PAD_T}" width="{W - PAD_L - PAD_R}" height="{H - PAD_T - PAD_B}" '
              'fill="#fff" stroke="#e0e0e0"/>']
     for f, a, b in marks:  # where an alert on this instrument fired
@@ -93,19 +155,28 @@ def _chart(title: str, steps: np.ndarray, values: np.ndarray, x0: int, x1: int,
     if best is not None and x0 <= best <= x1:
         parts.append(f'<line x1="{x(best):.1f}" x2="{x(best):.1f}" y1="{PAD_T}" y2="{H - PAD_B}" stroke="#2e7d32" '
                      'stroke-width="1.5"><title>best step</title></line>')
+    label_ys = _spread([y(lim) - 3 for _, lim in limits], top + 9, bottom - 2)
     for name, lim in limits:
         parts.append(f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{y(lim):.1f}" y2="{y(lim):.1f}" stroke="#c62828" '
                      f'stroke-dasharray="5,4" stroke-width="1"><title>{_esc(name)}: {_fmt(lim)}</title></line>')
-        parts.append(f'<text x="{W - PAD_R - 2}" y="{y(lim) - 3:.1f}" font-size="10" fill="#c62828" '
-                     f'text-anchor="end">{_esc(name)} {_fmt(lim)}</text>')
     pts = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in zip(steps.tolist(), values.tolist(), strict=True))
     parts.append(f'<polyline points="{pts}" fill="none" stroke="#1565c0" stroke-width="1.2"/>')
-    for v in (lo, (lo + hi) / 2, hi):
-        parts.append(f'<text x="{PAD_L - 4}" y="{y(v) + 3:.1f}" font-size="10" fill="#616161" '
+    # Hovering a point shows its step and value (the browser's own tooltip: no script in the page).
+    parts.append('<g class="pts" fill="#1565c0" fill-opacity="0">' + "".join(
+        f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="{HOVER_R}"><title>step {s}: {_fmt(v)}</title></circle>'
+        for s, v in zip(steps.tolist(), values.tolist(), strict=True)) + "</g>")
+    for (name, lim), ly in zip(limits, label_ys, strict=True):  # over the line, so that it stays readable
+        parts.append(f'<text class="limit" x="{W - PAD_R - 2}" y="{ly:.1f}" font-size="10" fill="#c62828" '
+                     f'text-anchor="end" {HALO}>{_esc(name)} {_fmt(lim)}</text>')
+    for v in scale.ticks():
+        parts.append(f'<text class="ytick" x="{PAD_L - 4}" y="{y(v) + 3:.1f}" font-size="10" fill="#616161" '
                      f'text-anchor="end">{_fmt(v)}</text>')
-    for s in (x0, (x0 + x1) // 2, x1):
-        parts.append(f'<text x="{x(s):.1f}" y="{H - 8}" font-size="10" fill="#616161" text-anchor="middle">{s}</text>')
-    parts.append(f'<text x="{PAD_L}" y="14" font-size="12" font-weight="600">{_esc(title)}</text></svg>')
+    for s in sorted({x0, (x0 + x1) // 2, x1}):
+        lx, anchor = _x_label(x(s), str(s))
+        parts.append(f'<text class="xtick" x="{lx:.1f}" y="{H - 8}" font-size="10" fill="#616161" '
+                     f'text-anchor="{anchor}">{s}</text>')
+    scale_note = " (log scale)" if scale.log else ""
+    parts.append(f'<text x="{PAD_L}" y="14" font-size="12" font-weight="600">{_esc(title)}{scale_note}</text></svg>')
     return "".join(parts)
 
 
@@ -115,10 +186,12 @@ def _regime_bar(v: RunVerdict, x0: int, x1: int) -> str:
     span = max(x1 - x0, 1)
     width = W * 2 - PAD_L
     rects = []
-    for a, b, name in v.regimes:
+    # At most one stretch per 2 px: on a long run the regime changes far more often than the bar can show.
+    for a, b, name, share in regime_timeline(v.regimes, blocks=width // 2):
         left = PAD_L + (a - x0) / span * width
-        rects.append(f'<rect x="{left:.1f}" y="4" width="{max((b - a) / span * width, 1):.1f}" height="18" '
-                     f'fill="{REGIME_COLOURS[name]}"><title>{a}-{b}: {name}</title></rect>')
+        held = f" ({share:.0%} of it)" if share < 1 else ""
+        rects.append(f'<rect x="{left:.1f}" y="4" width="{max((b + 1 - a) / span * width, 1):.1f}" height="18" '
+                     f'fill="{REGIME_COLOURS[name]}"><title>{a}-{b}: {name}{held}</title></rect>')
     legend = " ".join(f'<span style="color:{c}">&#9632;</span> {n}' for n, c in REGIME_COLOURS.items())
     return (f'<svg width="{PAD_L + width}" height="26">{"".join(rects)}</svg>'
             f'<div class="muted">{legend}</div>')
@@ -141,7 +214,7 @@ def _run_section(v: RunVerdict) -> str:
         out.append("<h2>Findings</h2><table><tr><th>severity</th><th>alert</th><th>steps</th>"
                    "<th>what it means</th></tr>")
         for f in v.findings:
-            spans = ", ".join(f"{e.start}&ndash;{e.end if e.end is not None else 'end'}" for e in f.episodes)
+            spans = shown([p.text("&ndash;") for p in stretches(f.episodes, x0, v.last_step)])
             comp = f" ({_esc(f.component)})" if f.component else ""
             out.append(f'<tr><td><span class="badge {f.severity}">{f.severity}</span></td>'
                        f'<td><a href="{_esc(f.runbook_url)}">{_esc(f.alert)}</a>{comp}</td><td>{spans}</td>'

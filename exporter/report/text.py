@@ -6,8 +6,11 @@ import json
 import math
 from typing import Any
 
+from exporter.report.ranges import regime_shares, regime_timeline, shown, stretches
 from exporter.report.samples import samples_json, samples_text
-from exporter.report.verdict import NO_DATA, RunVerdict, finite_or_none, hints
+from exporter.report.verdict import NO_DATA, Finding, RunVerdict, finite_or_none, hints
+
+SUMMARY_FINDINGS = 3  # findings named in a run's summary
 
 
 def _num(v: float | None) -> str:
@@ -24,18 +27,13 @@ def to_text(verdicts: list[RunVerdict]) -> str:
             continue
         state = "finished" if v.finished else "still running"
         out.append(f"run {v.run}: {v.verdict.upper()} (last step {v.last_step}, {state})")
-        if v.best_step is not None:
-            out.append(f"  best step {v.best_step}: smoothed reward {_num(v.best_reward)}, KL {_num(v.kl_at_best)}"
-                       " (the checkpoint to keep)")
+        out.extend(_summary_lines(v))
+        if v.findings:
+            out.append("  findings:")
         for f in v.findings:
-            where = f" [{f.component}]" if f.component else ""
-            spans = ", ".join(f"{e.start}-{e.end if e.end is not None else 'end'}" for e in f.episodes)
-            out.append(f"  {f.severity.upper():8s} {f.alert}{where}: steps {spans}")
-            out.append(f"           {f.summary} {f.meaning}")
-            out.append(f"           runbook: {f.runbook_url}")
+            out.extend(_finding_lines(v, f))
         out += samples_text(v.samples)
-        if v.regimes:
-            out.append("  regime: " + "; ".join(f"{a}-{b} {name}" for a, b, name in v.regimes))
+        out.extend(_regime_lines(v))
         if v.instruments:
             out.append(f"  {'instrument':40s} {'points':>7s} {'first':>10s} {'min':>10s} {'max':>10s} {'last':>10s}"
                        "  trend")
@@ -61,6 +59,60 @@ def _no_data(v: RunVerdict) -> list[str]:
 
 
 _clean = finite_or_none
+
+
+def _first_step(v: RunVerdict) -> int:
+    return v.regimes[0][0] if v.regimes else min((f.first_step for f in v.findings), default=0)
+
+
+def _summary_lines(v: RunVerdict) -> list[str]:
+    """What to read first: the worst findings (pages first) in a line each, the best step, the regimes' shares."""
+    out = []
+    counts = {s: sum(f.severity == s for f in v.findings) for s in ("critical", "warning")}
+    if v.findings:
+        said = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        worst = "; the worst:" if len(v.findings) > SUMMARY_FINDINGS else ":"
+        out.append(f"  summary: {len(v.findings)} finding{'s' if len(v.findings) > 1 else ''} ({said}){worst}")
+        for f in v.findings[:SUMMARY_FINDINGS]:
+            where = f" [{f.component}]" if f.component else ""
+            parts = stretches(f.episodes, _first_step(v), v.last_step)
+            out.append(f"    {f.severity.upper():8s} {f.alert}{where}: steps {shown([p.text() for p in parts], 2)}")
+        if len(v.findings) > SUMMARY_FINDINGS:
+            out.append(f"    and {len(v.findings) - SUMMARY_FINDINGS} more (below)")
+    else:
+        out.append("  summary: no detector fired")
+    if v.best_step is not None:
+        out.append(f"  best step {v.best_step}: smoothed reward {_num(v.best_reward)}, KL {_num(v.kl_at_best)}"
+                   " (the checkpoint to keep)")
+    if v.regimes:
+        out.append("  regime (share of the judged steps): "
+                   + ", ".join(f"{name} {_share(share)}" for name, share in regime_shares(v.regimes)))
+    return out
+
+
+def _share(share: float) -> str:
+    return f"{share:.0%}" if share >= 0.005 else "<1%"
+
+
+def _finding_lines(v: RunVerdict, f: Finding) -> list[str]:
+    where = f" [{f.component}]" if f.component else ""
+    parts = stretches(f.episodes, _first_step(v), v.last_step)
+    line = f"  {f.severity.upper():8s} {f.alert}{where}: steps {shown([p.text() for p in parts])}"
+    if len(parts) < len(f.episodes):
+        fired = sum(p.firing for p in parts)
+        line += f"; firing {fired} steps in all"
+    return [line, f"           {f.summary} {f.meaning}", f"           runbook: {f.runbook_url}"]
+
+
+def _regime_lines(v: RunVerdict) -> list[str]:
+    if not v.regimes:
+        return []
+    timeline = regime_timeline(v.regimes)
+    items = [f"{a}-{b} {name}" + (f" ({_share(share)})" if share < 1 else "") for a, b, name, share in timeline]
+    head = "  regime over time" + (" (the regime that held most of each stretch):" if len(timeline) < len(v.regimes)
+                                   else ":")
+    return [head, "    " + "; ".join(items)]
+
 
 
 def to_json(verdicts: list[RunVerdict]) -> str:

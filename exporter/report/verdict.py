@@ -22,6 +22,7 @@ from exporter.instruments.derived import REGIME_OF
 from exporter.instruments.keymap import INSTRUMENTS
 from exporter.instruments.window import window_stats
 from exporter.parsers.record import RecordKind
+from exporter.report.digest import RunDigest
 from exporter.runbooks import RUNBOOK_BASE
 from exporter.runstate import RunState
 
@@ -165,12 +166,17 @@ class RunVerdict:
         return "critical" if "critical" in sev else "warning" if sev else None
 
 
-def judge(run: RunState, runbook_base: str = RUNBOOK_BASE, stats: IngestStats | None = None) -> RunVerdict:
+def judge(run: RunState, runbook_base: str = RUNBOOK_BASE, stats: IngestStats | None = None,
+          digest: RunDigest | None = None) -> RunVerdict:
+    """`stats`: what was read for the run (the no_data verdict says it); `digest`: what was kept of the whole run
+    while it was read (without one, the series' kept history)."""
     run.refresh()
+    digest = (digest or RunDigest()).close(run)
     found = findings(run, runbook_base)
-    best_step, best_reward, kl_at_best = _best(run)
+    best_step, best_reward, kl_at_best = _best(run, digest)
     return RunVerdict(run.name, step_of(run), run.finished, found, best_step, best_reward, kl_at_best,
-                      _regimes(run), _instruments(run), {k: s.arrays() for k, s in run.series.items() if len(s)},
+                      _regimes(run, digest), _instruments(run, digest),
+                      {k: d.chart() for k, d in digest.series.items() if d.count},
                       _limits(run), verdict_of(run, found), read_summary(run, stats))
 
 
@@ -208,15 +214,15 @@ def findings(run: RunState, runbook_base: str = RUNBOOK_BASE) -> list[Finding]:
     return sorted(by_alert.values(), key=lambda f: (order[f.severity], f.first_step, f.alert))
 
 
-def _best(run: RunState) -> tuple[int | None, float | None, float | None]:
+def _best(run: RunState, digest: RunDigest) -> tuple[int | None, float | None, float | None]:
     g = run.derived.gauges
     step = g.get(("posttrain_reward_peak_step", ()))
     if step is None:
         return None, None, None
-    kl = run.series.get(("kl", None))
+    kl = digest.series.get(("kl", None))
     kl_at = None
-    if kl is not None and len(kl):
-        steps, values = kl.arrays()
+    if kl is not None and kl.count:
+        steps, values = kl.whole()
         i = int(np.searchsorted(steps, step, side="right")) - 1
         kl_at = float(values[i]) if i >= 0 else None
     return int(step), g.get(("posttrain_reward_peak", ())), kl_at
@@ -226,32 +232,61 @@ def _direction(t: float, trend_t: float) -> int:
     return 1 if t >= trend_t else -1 if t <= -trend_t else 0
 
 
-def _regimes(run: RunState) -> list[tuple[int, int, str]]:
+def _regimes(run: RunState, digest: RunDigest) -> list[tuple[int, int, str]]:
     """The KL-versus-reward regime at each logged reward step (trends over their last 50 points, as the
     derived series), merged into spans."""
-    reward, kl = run.series.get(("reward", None)), run.series.get(("kl", None))
-    if reward is None or kl is None or len(reward) < 10 or len(kl) < 10:
+    reward, kl = digest.series.get(("reward", None)), digest.series.get(("kl", None))
+    if reward is None or kl is None or reward.count < 10 or kl.count < 10:
         return []
     t = run.settings.thresholds.trend_t
-    r_steps, r_values = reward.arrays()
-    k_steps, k_values = kl.arrays()
-    spans: list[tuple[int, int, str]] = []
-    for i in range(9, len(r_steps)):
-        lo = max(0, i - TREND_POINTS + 1)
-        rd = _direction(window_stats(list(zip(r_steps[lo:i + 1].tolist(), r_values[lo:i + 1].tolist(),
-                                              strict=True))).slope_t, t)
-        j = int(np.searchsorted(k_steps, r_steps[i], side="right"))
-        if j < 10:
-            continue
-        kd = _direction(window_stats(list(zip(k_steps[max(0, j - TREND_POINTS):j].tolist(),
-                                              k_values[max(0, j - TREND_POINTS):j].tolist(), strict=True))).slope_t, t)
-        name = REGIME_OF[max(kd, 0), rd]
-        step = int(r_steps[i])
-        if spans and spans[-1][2] == name:
-            spans[-1] = (spans[-1][0], step, name)
-        else:
-            spans.append((step, step, name))
-    return spans
+    r_steps, r_values = reward.whole()
+    k_steps, k_values = kl.whole()
+    rd = _directions(rolling_slope_t(r_steps, r_values, TREND_POINTS), t)
+    kd = _directions(rolling_slope_t(k_steps, k_values, TREND_POINTS), t)
+    j = np.searchsorted(k_steps, r_steps, side="right")  # the KL points logged up to each reward step
+    used = np.flatnonzero((np.arange(len(r_steps)) >= 9) & (j >= 10))
+    if not len(used):
+        return []
+    names = sorted(set(REGIME_OF.values()))
+    code_of = np.full((2, 3), -1)  # (KL direction clipped at 0, reward direction + 1) -> index in names
+    for (k, r), name in REGIME_OF.items():
+        code_of[k, r + 1] = names.index(name)
+    codes = code_of[np.maximum(kd[j[used] - 1], 0), rd[used] + 1]
+    steps = r_steps[used]
+    starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    ends = np.r_[starts[1:] - 1, len(codes) - 1]
+    return [(int(steps[a]), int(steps[b]), names[codes[a]])
+            for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+
+
+def _directions(slope_t: np.ndarray, trend_t: float) -> np.ndarray:
+    return np.where(slope_t >= trend_t, 1, np.where(slope_t <= -trend_t, -1, 0))
+
+
+def rolling_slope_t(steps: np.ndarray, values: np.ndarray, size: int, chunk: int = 4096) -> np.ndarray:
+    """window_stats(...).slope_t of the window of the last `size` points (fewer at the start) ending at each
+    point, in numpy over chunks of windows (a window's own Python sums took most of a long run's report)."""
+    n = len(values)
+    out = np.zeros(n)
+    for i in range(min(size - 1, n)):  # the first windows are shorter
+        out[i] = window_stats(list(zip(steps[:i + 1].tolist(), values[:i + 1].tolist(), strict=True))).slope_t
+    if n < size:
+        return out
+    xs = np.lib.stride_tricks.sliding_window_view(steps.astype(np.float64), size)
+    ys = np.lib.stride_tricks.sliding_window_view(values.astype(np.float64), size)
+    for a in range(0, len(xs), chunk):
+        dx = xs[a:a + chunk] - xs[a:a + chunk].mean(axis=1, keepdims=True)  # centred, as window_stats
+        dy = ys[a:a + chunk] - ys[a:a + chunk].mean(axis=1, keepdims=True)
+        sxx, sxy, syy = (dx * dx).sum(axis=1), (dx * dy).sum(axis=1), (dy * dy).sum(axis=1)
+        slope = np.divide(sxy, sxx, out=np.zeros_like(sxx), where=sxx > 0)
+        resid = np.maximum(syy - slope * sxy, 0.0) / (size - 2)
+        t = np.zeros_like(sxx)
+        noisy = (sxx > 0) & (resid > 1e-300)
+        t[noisy] = slope[noisy] / np.sqrt(resid[noisy] / sxx[noisy])
+        line = (sxx > 0) & ~noisy & (slope != 0)  # a perfect line
+        t[line] = np.copysign(np.inf, slope[line])
+        out[size - 1 + a:size - 1 + a + len(t)] = t
+    return out
 
 
 def _label(key: SeriesKey) -> str:
@@ -260,17 +295,18 @@ def _label(key: SeriesKey) -> str:
     return f"{inst}{{{name}={sub}}}" if name and sub else inst
 
 
-def _instruments(run: RunState) -> list[InstrumentRow]:
+def _instruments(run: RunState, digest: RunDigest) -> list[InstrumentRow]:
     rows = []
     t = run.settings.thresholds.trend_t
     for key, s in sorted(run.series.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
-        if not len(s):
+        d = digest.series.get(key)
+        if not len(s) or d is None or d.first is None:
             continue
-        steps, values = s.arrays()
-        tail = list(zip(steps[-TREND_POINTS:].tolist(), values[-TREND_POINTS:].tolist(), strict=True))
-        st = window_stats(tail)
-        rows.append(InstrumentRow(key, _label(key), len(values), float(values[0]), float(values.min()),
-                                  float(values.max()), float(values[-1]), st.slope, _direction(st.slope_t, t)))
+        steps, values = s.arrays(TREND_POINTS)
+        st = window_stats(list(zip(steps.tolist(), values.tolist(), strict=True)))
+        lo, hi = d.extremes()
+        rows.append(InstrumentRow(key, _label(key), d.count, d.first[1], lo, hi, float(values[-1]), st.slope,
+                                  _direction(st.slope_t, t)))
     return rows
 
 
