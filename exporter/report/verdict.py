@@ -177,7 +177,7 @@ def judge(run: RunState, runbook_base: str = RUNBOOK_BASE, stats: IngestStats | 
     return RunVerdict(run.name, step_of(run), run.finished, found, best_step, best_reward, kl_at_best,
                       _regimes(run, digest), _instruments(run, digest),
                       {k: d.chart() for k, d in digest.series.items() if d.count},
-                      _limits(run), verdict_of(run, found), read_summary(run, stats))
+                      _limits(run), verdict=verdict_of(run, found), read=read_summary(run, stats))
 
 
 def step_of(run: RunState) -> int | None:
