@@ -113,7 +113,7 @@ RUN_META: dict[str, dict] = {
                  "whatever the prompt; entropy follows ~30 steps later.",
     },
     "grpo_brevity_collapse": {
-        "intent": ["kl_blowup", "entropy_collapse", "reward_std_collapse"],
+        "intent": ["kl_blowup", "entropy_collapse", "reward_std_collapse", "length_collapse"],
         "sample_intent": ["template_collapse"],
         "notes": "The brevity reward of grpo_kl_blowup (another seed, 200 steps) with log_completions=True: answers "
                  "shrink to 'The.', then '.', then the empty completion, the same for every prompt.",
