@@ -20,7 +20,10 @@ log = logging.getLogger(__name__)
 # Reasons a line is dropped unread (posttrain_exporter_lines_dropped_total), all exported from the start.
 LINE_DROP_REASONS = ("too_long",)
 # Reasons a console record's step is doubted (posttrain_exporter_step_disagreements_total), exported from the start.
-STEP_DISAGREEMENT_REASONS = ("epoch",)
+# epoch: a fallback step that the record's epoch contradicts; cut_line: a record lost to a cut line made the pairing
+# of the records after it with the bar's redraws a guess (checked against their epoch); late_redraw: a record took
+# its fallback step while its redraw was due (the stream paused past the wait), and the redraw showed another step.
+STEP_DISAGREEMENT_REASONS = ("epoch", "cut_line", "late_redraw")
 # A record from a longer line may hold many or long keys: the run's limits are applied before it waits
 # for its step or its batch, so that waiting records stay small.
 _WIDE_LINE = 16 * 1024
@@ -114,6 +117,23 @@ class ConsoleStream:
 
     def abandoned(self, text: str) -> None:
         self._error(ParseError("cut_line", text[:60], "unknown"))
+        if text.startswith("{'"):  # most likely a record printed through tqdm.write: it would have taken a redraw
+            self.clock.lost()
+
+    def complete(self, text: str) -> bool:
+        """A dict or JSON object cut from its \n where a bar draw, a clear or an escape follows it (the framer's
+        `complete`): read at once when it is a record; False leaves it to the framer (held open for its rest)."""
+        try:
+            rec = self.parsers.parse(text)
+        except Exception:  # broken (a ParseError) or a parser bug: the rest may yet come; read whole, it is counted
+            return False
+        if rec is None:
+            return False
+        self.stats.lines[rec.fmt, "record"] += 1
+        if len(text) > _WIDE_LINE:
+            rec = self.run.narrowed(rec)
+        self._ingest(self.clock.record(rec))
+        return True
 
     def overlong(self) -> None:
         self.stats.lines_dropped["too_long"] += 1

@@ -29,6 +29,9 @@ from collections import Counter, deque
 from exporter.parsers.record import Record, RecordKind
 
 _NONE: list[Record] = []  # returned, never changed: most bar draws release nothing
+# Where a record was lost to a cut line (a metric line whose rest never came), in the records waiting for redraws:
+# it takes the redraw its record would have taken, so that the records after it keep theirs.
+_LOST = Record({}, "lost")
 _MAX_QUEUED = 4096  # a stderr-only stream queues redraws that no record will take
 _MAX_WAITING = 256  # records after a clear waiting for its redraw; an 8 KB stdout block holds fewer
 
@@ -94,6 +97,9 @@ class StepClock:
         self._total: str | None = None  # the training bar's total as printed: the run's max steps
         self._bar_used = False  # a record took a step from the training bar
         self._epochs = EpochCheck()
+        self._exact: tuple[int, float] | None = None  # (step, epoch) of the last record a redraw gave its step
+        self._interval = 0  # steps between the last two such records: the logging interval
+        self._guessed: Record | None = None  # the last record that took a fallback step while its redraw was due
         self.disagreements: Counter[str] = Counter() if disagreements is None else disagreements  # by reason
         self.last_step = 0
 
@@ -104,11 +110,20 @@ class StepClock:
         if total != self._total and not self._new_training_bar(n, total):
             return _NONE
         self._bar = n
+        if self._guessed is not None:
+            self._late_redraw(n)
         if self._cleared:
             self._redraws.append(n)
             self._cleared = False
             return self._release()
         return self._release() if self._pending else _NONE
+
+    def _late_redraw(self, n: int) -> None:
+        """The first training-bar draw after records took fallback steps while a redraw was due: it is that redraw.
+        It shows the step the last of them was logged at; another one is counted."""
+        guessed, self._guessed = self._guessed, None
+        if guessed.kind is RecordKind.TRAIN and guessed.step != n:  # type: ignore[union-attr]
+            self.disagreements["late_redraw"] += 1
 
     def _new_training_bar(self, n: int, total: str) -> bool:
         """A description-less bar of another total is the training bar when none was seen yet, or when it
@@ -155,7 +170,7 @@ class StepClock:
         """redrawn() covers the clock's state: the bar of `total` is the training bar, no redraw is queued, and at
         most one record waits, after a clear (for the next draw)."""
         return total == self._total and not self._redraws and (
-            not self._pending or (len(self._pending) == 1 and self._cleared))
+            not self._pending or (len(self._pending) == 1 and self._cleared and self._pending[0] is not _LOST))
 
     def redrawn(self, total: str, counts: list[int], last_count: int, recs: list[Record]) -> list[Record]:
         """For each i: bar(counts[i], total), further draws of the bar ending at `last_count`, clear(), then
@@ -175,15 +190,31 @@ class StepClock:
         if out:
             self.last_step = counts[-1]
             self._bar_used = True
+            self._note_exact(out[-1])
         self._bar = last_count
         self._cleared = True
         return out
+
+    def lost(self) -> None:
+        """A record was lost to a cut line where it stood among the records waiting for redraws: it takes the
+        redraw it would have taken (the records after it keep theirs). Whether the cut text was a record at all is
+        a guess, counted: when the next record's epoch says that redraw is its own (_fits), it is given back."""
+        self._pending.append(_LOST)  # released with the record after it (the line that abandoned the cut one)
+        self.disagreements["cut_line"] += 1
 
     def _release(self) -> list[Record]:
         out: list[Record] = []
         while self._pending and self._redraws:
             rec = self._pending.popleft()
+            if rec is _LOST:
+                if not self._pending:  # the record after it decides: it comes with the line that abandoned it
+                    self._pending.appendleft(rec)
+                    break
+                if not self._fits(self._pending[0], self._redraws[0]):
+                    self._redraws.popleft()  # the lost record's redraw
+                continue
             rec.step = self.last_step = self._redraws.popleft()  # read off the training bar: exact
+            self._note_exact(rec)
             out.append(rec)
         if out:
             self._bar_used = True
@@ -191,11 +222,36 @@ class StepClock:
             out.extend(self.flush())  # no redraw is coming: ordinal
         return out
 
+    def _fits(self, rec: Record, step: int) -> bool:
+        """Does `step` fit `rec`'s epoch, by the steps per epoch of the last record a redraw gave its step, within
+        half the logging interval? False when that cannot be told (no epoch, no such record, too coarse an epoch)."""
+        epoch = _epoch_of(rec)
+        if epoch is None or self._exact is None or not epoch > 0:
+            return False
+        (at, at_epoch), interval = self._exact, self._interval
+        per_epoch = at / at_epoch
+        rounding = max(0.005, 5e-4 * epoch) * per_epoch  # how the epoch was printed, in steps
+        return interval > 2 * rounding and abs(step - epoch * per_epoch) < interval / 2
+
+    def _note_exact(self, rec: Record) -> None:
+        epoch = _epoch_of(rec)
+        if epoch is not None and epoch > 0 and rec.kind is RecordKind.TRAIN:
+            step = rec.step or 0
+            if self._exact is not None and step > self._exact[0]:
+                self._interval = step - self._exact[0]
+            self._exact = (step, epoch)
+
     def flush(self) -> list[Record]:
-        """Input ended or went quiet: records still waiting get the bar's step or the next ordinal."""
+        """Input ended or went quiet: records still waiting get the bar's step or the next ordinal. When they
+        waited for the redraw after a clear and it comes after all (the stream paused between a line and its
+        redraw), a redraw that shows another step than the last one's is counted (late_redraw)."""
         out: list[Record] = []
+        if not self._pending:
+            return out  # a clear whose line has not come yet stays a clear: its redraw gives that line its step
         while self._pending:
             rec = self._pending.popleft()
+            if rec is _LOST:
+                continue
             if rec.kind is not RecordKind.TRAIN:
                 rec.step = self.last_step  # eval and summary lines belong to the last training step
             elif self._bar is not None and self._bar > self.last_step:
@@ -204,6 +260,8 @@ class StepClock:
             else:
                 self._step(rec, self.last_step + 1)
             out.append(rec)
+        if self._cleared and out:
+            self._guessed = out[-1]
         self._cleared = False
         return out
 
@@ -212,3 +270,10 @@ class StepClock:
         rec.step = self.last_step = step
         if self._epochs.disagrees(rec):
             self.disagreements["epoch"] += 1
+
+
+def _epoch_of(rec: Record) -> float | None:
+    shape = rec.shape
+    if shape and shape[-1] == "epoch":  # the Trainer adds it last
+        return rec.numbers[-1]
+    return rec.numbers[shape.index("epoch")] if "epoch" in shape else None
