@@ -76,6 +76,7 @@ class ConsoleStream:
         self.stats = stats
         self.parsers = parsers
         self.framer = ConsoleFramer(self, max_line_length)
+        self._blocks = parsers.metrics_blocks  # the Trainer's metrics blocks the parsers follow (None: none)
         self.clock = StepClock(stats.step_disagreements)
         self.last_data = time.monotonic()
         self._waiting_since: float | None = None  # when records began to wait for a progress-bar redraw
@@ -91,6 +92,7 @@ class ConsoleStream:
     def finish(self) -> None:
         """End of input (dump, or stdin closed): the unterminated tail is a line; nothing waits."""
         self.framer.flush()
+        self._close_block()
         self._waiting_since = None
         self._ingest(self.clock.flush())
 
@@ -100,6 +102,8 @@ class ConsoleStream:
         comes at all), the waiting records take their fallback step."""
         now = time.monotonic()
         quiet = now - self.last_data >= wait_seconds
+        if quiet:
+            self._close_block()  # a metrics block is printed at once: quiet after it, it is whole
         if quiet or (self._waiting_since is not None and now - self._waiting_since >= wait_seconds):
             self._waiting_since = None
             self._ingest(self.clock.flush())
@@ -127,6 +131,9 @@ class ConsoleStream:
             rec = self.parsers.parse(text)
         except Exception:  # broken (a ParseError) or a parser bug: the rest may yet come; read whole, it is counted
             return False
+        finally:
+            if self._blocks is not None and self._blocks.ended is not None:
+                self._take_block()
         if rec is None:
             return False
         self.stats.lines[rec.fmt, "record"] += 1
@@ -150,8 +157,12 @@ class ConsoleStream:
         except Exception:  # a parser bug must cost one line, never the sidecar
             self._internal_error(text)
             return
+        finally:
+            if self._blocks is not None and self._blocks.ended is not None:
+                self._take_block()  # the line ended a metrics block: the block's record comes first
         if rec is None:
-            self.stats.lines["none", "unmatched"] += 1
+            if not self.parsers.block_line:
+                self.stats.lines["none", "unmatched"] += 1
             return
         self.stats.lines[rec.fmt, "record"] += 1
         if len(text) > _WIDE_LINE:
@@ -165,6 +176,7 @@ class ConsoleStream:
                 self.line(text)
             return
         parse, run, clock, counts = self.parsers.parse, self.run, self.clock, self.stats.lines
+        blocks = self._blocks
         if len(texts) > 1 and max(map(len, texts)) <= _WIDE_LINE:
             recs = self.parsers.parse_run(texts)  # every line a record with its step, read at once
             if recs is not None:
@@ -182,8 +194,15 @@ class ConsoleStream:
             except Exception:  # a parser bug must cost one line, never the sidecar
                 self._internal_error(text)
                 continue
+            finally:
+                if blocks is not None and blocks.ended is not None:
+                    if stepped:
+                        run.ingest_many(stepped)
+                        stepped = []
+                    self._take_block()
             if rec is None:
-                counts["none", "unmatched"] += 1
+                if not self.parsers.block_line:
+                    counts["none", "unmatched"] += 1
                 continue
             counts[rec.fmt, "record"] += 1
             if len(text) > _WIDE_LINE:
@@ -222,6 +241,31 @@ class ConsoleStream:
         self.stats.lines[recs[0].fmt, "record"] += len(recs)  # parse_hf_dict's records are all "hf_dict"
         self.run.ingest_many(released)
         return end
+
+    def _take_block(self) -> None:
+        rec = self.parsers.ended_block
+        if rec is not None:
+            self._ingest_block(rec)
+
+    def _close_block(self) -> None:
+        rec = self.parsers.close_block()
+        if rec is not None:
+            self._ingest_block(rec)
+
+    def _ingest_block(self, rec: Record) -> None:
+        """A metrics block's record (one per block), less the values that round what the run holds already: the
+        Trainer logged them precisely just before (its summary or evaluation dict), and the block prints them
+        rounded."""
+        self.stats.lines[rec.fmt, "record"] += 1
+        tolerance = self.parsers.block_tolerance()
+        self.run.refresh()  # once per block: the dict before it reaches the run's values
+        known = self.run.passthrough
+        keep = [i for i, (key, value) in enumerate(zip(rec.shape, rec.numbers, strict=True))
+                if key not in known or not abs(known[key] - value) <= tolerance.get(key, 0.0)]
+        if len(keep) < len(rec.shape):
+            rec = rec.subset(keep)
+        if rec.shape or rec.skipped:
+            self._ingest(self.clock.record(rec))
 
     def _internal_error(self, text: str) -> None:
         self.stats.lines["unknown", "error"] += 1
