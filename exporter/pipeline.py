@@ -38,6 +38,7 @@ class IngestStats:
         self.lines_dropped: Counter[str] = Counter()  # by reason
         self.bar_draws = 0  # counted apart: one per progress-bar draw is the hottest path
         self.step_disagreements: Counter[str] = Counter()  # console records whose step disagrees, by reason
+        self.step_sources: Counter[str] = Counter()  # console records without their own step, by its source
         self._warned: set[tuple[str, ...]] = set()  # what was logged once already, for this run alone
 
     def first_time(self, *what: str) -> bool:
@@ -78,6 +79,7 @@ class ConsoleStream:
         self.framer = ConsoleFramer(self, max_line_length)
         self._blocks = parsers.metrics_blocks  # the Trainer's metrics blocks the parsers follow (None: none)
         self.clock = StepClock(stats.step_disagreements)
+        self.clock.sources = stats.step_sources  # where each record's step came from, counted for the run
         self.last_data = time.monotonic()
         self._waiting_since: float | None = None  # when records began to wait for a progress-bar redraw
 
@@ -163,6 +165,7 @@ class ConsoleStream:
         if rec is None:
             if not self.parsers.block_line:
                 self.stats.lines["none", "unmatched"] += 1
+                self.clock.stated(text)  # what it says of the run's scale, for steps without a bar
             return
         self.stats.lines[rec.fmt, "record"] += 1
         if len(text) > _WIDE_LINE:
@@ -203,6 +206,7 @@ class ConsoleStream:
             if rec is None:
                 if not self.parsers.block_line:
                     counts["none", "unmatched"] += 1
+                    clock.stated(text)
                 continue
             counts[rec.fmt, "record"] += 1
             if len(text) > _WIDE_LINE:

@@ -445,3 +445,58 @@ def test_a_log_pasted_inside_a_markdown_code_fence(tmp_path) -> None:
     fenced = exporter_of(tmp_path, "Here is my log:\n\n```text\n" + body + "```\n", name="fenced.log")
     assert steps_of(fenced) == steps_of(plain) == [1, 2, 3, 4, 5]
     assert fenced.stats["r"].lines["none", "unmatched"] == 3  # the sentence and the two fences
+
+
+# --- 5. steps when the log has no usable bar (issue 24) -----------------------------------------------------------
+
+TRAINER_FACTS = """[INFO|trainer.py:2243] 2026-03-14 09:10:02,118 >> ***** Running training *****
+[INFO|trainer.py:2244] 2026-03-14 09:10:02,118 >>   Num examples = 2,712
+[INFO|trainer.py:2245] 2026-03-14 09:10:02,118 >>   Num Epochs = 2
+[INFO|trainer.py:2246] 2026-03-14 09:10:02,118 >>   Instantaneous batch size per device = 4
+[INFO|trainer.py:2249] 2026-03-14 09:10:02 >>   Total train batch size (w. parallel, distributed & accumulation) = 32
+[INFO|trainer.py:2250] 2026-03-14 09:10:02,118 >>   Gradient Accumulation steps = 8
+[INFO|trainer.py:2251] 2026-03-14 09:10:02,118 >>   Total optimization steps = 170
+"""
+
+
+def step_sources(ex: Exporter) -> dict[str, float]:
+    out = scrape(ex)
+    return {s: sample(out, "posttrain_exporter_step_sources_total", source=s) for s in ("epoch", "checkpoint",
+                                                                                          "ordinal", "bar")}
+
+
+def test_a_log_that_states_its_scale_gives_steps_from_epochs(tmp_path) -> None:
+    """LLaMA-Factory-like: no training bar (loading bars only), the Trainer's facts, records every 10 steps with
+    their epoch (2 decimals): steps 10..170, not the ordinals 1..17; the counter says the epoch gave them."""
+    text = loading_bars() + TRAINER_FACTS + "".join(hf_record(s, 170, 2) + "\n" for s in range(10, 171, 10))
+    ex = exporter_of(tmp_path, text)
+    assert steps_of(ex) == list(range(10, 171, 10))
+    assert step_sources(ex) == {"epoch": 17, "checkpoint": 0, "ordinal": 0, "bar": 0}
+    assert sample(scrape(ex), "posttrain_exporter_step_disagreements_total", reason="epoch") == 0
+
+
+def test_examples_and_batch_size_give_the_steps_per_epoch(tmp_path) -> None:
+    """Only `Num examples` and the total batch size stated (3,200 / 32 = 100 steps per epoch); an evaluation's own
+    `Num examples` later changes nothing."""
+    facts = "  Num examples = 3,200\n  Total train batch size (w. parallel, distributed & accumulation) = 32\n"
+    records = [hf_record(s, 300, 3) + "\n" for s in range(5, 301, 5)]
+    evaluation = "***** Running Evaluation *****\n  Num examples = 50\n"
+    text = facts + "".join(records[:20]) + evaluation + "".join(records[20:])
+    ex = exporter_of(tmp_path, text)
+    assert steps_of(ex) == list(range(5, 301, 5))
+
+
+def test_deepspeed_global_step_lines_continue_the_steps_at_the_interval_they_show(tmp_path) -> None:
+    """No bar, no facts, records without an epoch every 10 steps, and DeepSpeed's checkpoint lines every 50 steps:
+    the first five records take ordinals (nothing known yet), the rest go on from each global_step line at the
+    interval the records before it show (50 / 5 = 10); the counters say which."""
+    ds = "[2026-03-14 09:10:09,377] [INFO] [engine.py:3500:_save_zero_checkpoint] zero checkpoint saved " \
+         "out/checkpoint-{0}/global_step{0}/zero_pp_rank_0_mp_rank_00_optim_states.pt\n"
+    lines = []
+    for step in range(10, 201, 10):
+        lines.append(f"{{'loss': {1 / step:.4f}, 'grad_norm': 0.8, 'learning_rate': 2e-05}}\n")
+        if step % 50 == 0:
+            lines.append(ds.format(step))
+    ex = exporter_of(tmp_path, "".join(lines))
+    assert steps_of(ex) == [1, 2, 3, 4, 5, *range(60, 201, 10)]
+    assert step_sources(ex) == {"epoch": 0, "checkpoint": 15, "ordinal": 5, "bar": 0}

@@ -97,7 +97,8 @@ def test_the_default_run_name_is_the_file_name_less_its_last_extension(path: str
 
 def test_two_dotted_names_stay_apart_without_numbering(tmp_path) -> None:
     """`qwen2.5-7b-grpo.log` and `qwen2.5-7b-dpo.log` were `qwen2-2` and `qwen2-3` (cut at the first dot)."""
-    specs = _specs(Config(), [str(tmp_path / "qwen2.5-7b-grpo.log"), str(tmp_path / "qwen2.5-7b-dpo.log")], None, "auto")
+    paths = [str(tmp_path / "qwen2.5-7b-grpo.log"), str(tmp_path / "qwen2.5-7b-dpo.log")]
+    specs = _specs(Config(), paths, None, "auto")
     assert [s.run for s in specs] == ["qwen2.5-7b-grpo", "qwen2.5-7b-dpo"]
 
 

@@ -19,11 +19,19 @@ after a few seconds).
 
 A training record that takes a fallback step (no redraw of the training bar gave it one) is checked
 against its `epoch` (EpochCheck); one that disagrees is counted, never changed.
+
+A log without a usable bar often states its scale (StatedScale): the Trainer's `Total optimization steps`
+and `Num Epochs`, or `Num examples` and the total batch size, give the steps per epoch, and a record's epoch
+times that is its step (snapped to the logging interval once two records show it); a DeepSpeed
+`global_stepN` checkpoint line says N steps are done, and the records after it continue from N at the interval
+the records before it show. Only when the log states nothing is a record's step the next ordinal. Each record
+without its own step is counted by where its step came from (`sources`).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter, deque
 
 from exporter.parsers.record import Record, RecordKind
@@ -88,6 +96,56 @@ class EpochCheck:
         return False
 
 
+# `  Total optimization steps = 1,170` and the other facts the Trainer prints when training starts (any prefix).
+_STATED = re.compile(r"\b(Total optimization steps|Num Epochs|Num examples|Total train batch size)\b[^=\n]{0,60}+="
+                     r"\s*+([\d,]{1,20}+)")
+_GLOBAL_STEP = re.compile(r"\bglobal_step(\d{1,15}+)\b")
+STEP_SOURCES = ("bar", "bar_count", "epoch", "checkpoint", "ordinal")  # where a record's step came from
+
+
+class StatedScale:
+    """What a log says of its run's scale, read from its lines that are no record."""
+
+    __slots__ = ("_facts", "checkpoint", "checkpoint_records", "per_epoch")
+
+    def __init__(self) -> None:
+        self._facts: dict[str, int] = {}
+        self.per_epoch: float | None = None  # training steps per epoch
+        self.checkpoint: int | None = None  # the step of the last `global_stepN` line
+        self.checkpoint_records = 0  # training records since the line before it (or the start)
+
+    def read(self, line: str) -> bool:
+        """Takes what `line` states; True when it stated a checkpoint's step."""
+        if "=" in line:
+            m = _STATED.search(line)
+            if m is not None:
+                value = int(m.group(2).replace(",", "") or 0)
+                if value > 0:
+                    self._facts[m.group(1)] = value
+                    if m.group(1) != "Num examples":  # an evaluation prints its own, with no train batch size
+                        self._per_epoch()
+        if "global_step" in line:
+            m = _GLOBAL_STEP.search(line)
+            if m is not None:
+                self.checkpoint = int(m.group(1))
+                return True
+        return False
+
+    def _per_epoch(self) -> None:
+        """Total steps over epochs is exact unless max_steps was set (the epochs are then rounded up): the examples
+        over the total batch size (one step off per epoch under accumulation) tell the two apart."""
+        facts = self._facts
+        by_steps = by_examples = None
+        if "Total optimization steps" in facts and "Num Epochs" in facts:
+            by_steps = facts["Total optimization steps"] / facts["Num Epochs"]
+        if "Num examples" in facts and "Total train batch size" in facts:
+            by_examples = float(math.ceil(facts["Num examples"] / facts["Total train batch size"]))
+        if by_steps is not None and (by_examples is None or abs(by_steps - by_examples) <= 0.1 * by_examples):
+            self.per_epoch = by_steps
+        elif by_examples is not None:
+            self.per_epoch = by_examples
+
+
 class StepClock:
     def __init__(self, disagreements: Counter[str] | None = None) -> None:
         self._redraws: deque[int] = deque(maxlen=_MAX_QUEUED)
@@ -100,6 +158,12 @@ class StepClock:
         self._exact: tuple[int, float] | None = None  # (step, epoch) of the last record a redraw gave its step
         self._interval = 0  # steps between the last two such records: the logging interval
         self._guessed: Record | None = None  # the last record that took a fallback step while its redraw was due
+        self.scale = StatedScale()
+        self._stated_interval = 0  # the logging interval that the log's stated facts show (0: not known yet)
+        self._since_checkpoint = 0  # training records since the last global_step line (or the start)
+        self._checkpoint_base: int | None = None  # step of the last global_step line, while records continue it
+        self.sources: Counter[str] = Counter()  # records without their own step, by where their step came from
+        self._exact_epoch_step: int | None = None  # the last step read exactly off an epoch (for the interval)
         self.disagreements: Counter[str] = Counter() if disagreements is None else disagreements  # by reason
         self.last_step = 0
 
@@ -163,8 +227,47 @@ class StepClock:
         if rec.kind is not RecordKind.TRAIN:
             rec.step = self.last_step
         else:
-            self._step(rec, self.last_step + 1)
+            self._step(rec, self._fallback(rec))
         return True
+
+    def stated(self, line: str) -> None:
+        """A line that is no record: what it states of the run's scale. A `global_stepN` line: N steps are done;
+        the records before it show the logging interval (N over their number, since the last such line)."""
+        if not self.scale.read(line):
+            return
+        step = self.scale.checkpoint or 0
+        base = self._checkpoint_base or 0
+        if self._since_checkpoint and step > base and (step - base) % self._since_checkpoint == 0:
+            self._stated_interval = (step - base) // self._since_checkpoint
+        self._checkpoint_base, self._since_checkpoint = step, 0
+
+    def _fallback(self, rec: Record) -> int:
+        """The step of a training record that no bar gave one: from what the log stated (its epoch times the
+        steps per epoch, or on from a checkpoint's step), else the next ordinal. Never back from the last."""
+        self._since_checkpoint += 1
+        last, interval = self.last_step, self._stated_interval
+        per_epoch = self.scale.per_epoch
+        if per_epoch is not None:
+            epoch = _epoch_of(rec)
+            if epoch is not None and epoch > 0:
+                estimate = epoch * per_epoch
+                resolution = max(0.005, 5e-4 * epoch) * per_epoch  # how the epoch was printed, in steps
+                step = 0
+                if interval and resolution < interval / 2:
+                    step = round(estimate / interval) * interval
+                elif resolution <= 0.5:
+                    step = round(estimate)
+                if step > last:
+                    if resolution <= 0.5 and self._exact_epoch_step is not None and step > self._exact_epoch_step:
+                        self._stated_interval = step - self._exact_epoch_step
+                    self._exact_epoch_step = step if resolution <= 0.5 else None
+                    self.sources["epoch"] += 1
+                    return step
+        if self._checkpoint_base is not None and interval:
+            self.sources["checkpoint"] += 1
+            return max(last, self._checkpoint_base) + interval
+        self.sources["ordinal"] += 1
+        return last + 1
 
     def takes_redraws(self, total: str) -> bool:
         """redrawn() covers the clock's state: the bar of `total` is the training bar, no redraw is queued, and at
@@ -191,6 +294,7 @@ class StepClock:
             self.last_step = counts[-1]
             self._bar_used = True
             self._note_exact(out[-1])
+            self.sources["bar"] += len(out)
         self._bar = last_count
         self._cleared = True
         return out
@@ -218,6 +322,7 @@ class StepClock:
             out.append(rec)
         if out:
             self._bar_used = True
+            self.sources["bar"] += len(out)
         if self._pending and not self._cleared:
             out.extend(self.flush())  # no redraw is coming: ordinal
         return out
@@ -257,8 +362,9 @@ class StepClock:
             elif self._bar is not None and self._bar > self.last_step:
                 self._step(rec, self._bar)
                 self._bar_used = True
+                self.sources["bar_count"] += 1
             else:
-                self._step(rec, self.last_step + 1)
+                self._step(rec, self._fallback(rec))
             out.append(rec)
         if self._cleared and out:
             self._guessed = out[-1]
