@@ -127,7 +127,7 @@ class ConsoleStream:
             self.clock.lost()
 
     def complete(self, text: str) -> bool:
-        """A dict or JSON object cut from its \n where a bar draw, a clear or an escape follows it (the framer's
+        """A dict or JSON object cut from its \\n where a bar draw, a clear or an escape follows it (the framer's
         `complete`): read at once when it is a record; False leaves it to the framer (held open for its rest)."""
         try:
             rec = self.parsers.parse(text)

@@ -97,8 +97,8 @@ class RunState:
             self._skip_values(rec.skipped)
         if rec.kind is RecordKind.TRAIN:
             if rec.step < self.step:
-                if rec.step > self._history_end:  # what it cuts still waits in the batch: cut when it is applied
-                    self.resets += 1
+                if rec.step > self._history_end and self._replaces_one(rec.step):
+                    self.resets += 1  # cut when the batch is applied, in one pass (_superseded_left_out)
                     self._cut_waiting = True
                 else:
                     self._apply()
@@ -295,6 +295,23 @@ class RunState:
         if reason not in self._warned:
             self._warned.add(reason)
             log.warning("run %s: %s", self.name, message)
+
+    def _replaces_one(self, step: int) -> bool:
+        """Going back to `step` supersedes one training record only, the last one, still waiting in the batch: a
+        log whose step goes back and forth on every record (two writers, a record logged again). That one is left
+        out of the history when the batch is applied, without a history cut; its values never reach the detectors.
+        A longer stretch (a run resumed after a blow-up) is applied, judged, then cut, as logged."""
+        pending, found = self._pending, 0
+        for i in range(len(pending) - 1, max(len(pending) - 9, -1), -1):  # past a few evaluation records at most
+            rec = pending[i]
+            if rec.kind is not RecordKind.TRAIN:
+                continue
+            if rec.step < step:  # type: ignore[operator]
+                return found == 1
+            found += 1
+            if found > 1:
+                return False
+        return found == 1 and len(pending) <= 9  # the history, before the batch, ends below `step`
 
     def _superseded_left_out(self, batch: list[Record]) -> list[Record]:
         """The batch less its training records that a later one in it superseded (it went back to their step or

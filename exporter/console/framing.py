@@ -316,14 +316,14 @@ class ConsoleFramer:
     # --- a record cut from its \n (block-buffered stdout flushed between `}` and `\n`, stderr's bar drawn after it)
 
     def _read_at_cut(self, text: str) -> bool:
-        """A dict or JSON object that ends with its closing brace where a \r or an escape cut it is read now, when
+        """A dict or JSON object that ends with its closing brace where a \\r or an escape cut it is read now, when
         it is a record: its redraw, which gives its step, is the bar draw that cut it, or comes soon after. Held, it
-        would wait for a \n that comes with stdout's next block (hours later), or never. A verl step line has no
-        end mark, so it waits for its \n; it carries its own step, so its lateness shifts nothing."""
+        would wait for a \\n that comes with stdout's next block (hours later), or never. A verl step line has no
+        end mark, so it waits for its \\n; it carries its own step, so its lateness shifts nothing."""
         return text[0] == "{" and self._complete is not None and text.rstrip().endswith("}") \
             and self._complete(text)
 
     def _newline_alone(self) -> None:
-        """A \n with nothing before it ends the open line: the line's text all came before a bar draw cut it."""
+        """A \\n with nothing before it ends the open line: the line's text all came before a bar draw cut it."""
         text, self._open = self._open, None
         self.sink.line(text)  # type: ignore[arg-type]

@@ -226,6 +226,10 @@ class StepClock:
             return False
         if rec.kind is not RecordKind.TRAIN:
             rec.step = self.last_step
+        elif self.scale.per_epoch is None and not self._stated_interval:  # nothing stated: _fallback's ordinal
+            self._since_checkpoint += 1
+            self.sources["ordinal"] += 1
+            self._step(rec, self.last_step + 1)
         else:
             self._step(rec, self._fallback(rec))
         return True
