@@ -1,5 +1,7 @@
-"""A log whose step goes back on every record (issue 24): the history is cut once per batch, not per record, and
-what the run holds is what cutting at every record gives."""
+"""A log whose step goes back on every record (issue 24): a step that supersedes only the record before it is cut
+when the batch is applied, not by a history cut per record, and the history, pass-through values and counters are
+what cutting at every record gives. (A longer stretch superseded, a resume after a blow-up, is still judged by the
+detectors before it is cut: tests/test_detectors.py::test_a_resume_rebuilds_the_detectors_from_history.)"""
 
 from __future__ import annotations
 
