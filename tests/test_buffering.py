@@ -13,6 +13,7 @@ streams with causal order each record must have its true step."""
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -225,6 +226,18 @@ def test_a_dict_cut_from_its_newline_is_read_before_the_next_block_comes() -> No
     assert stats.parse_errors == {} and len(got) == 1
 
 
+@pytest.mark.parametrize("record", ['{"loss": 0.5, "reward": 0.25, "epoch": 0.67}',  # a JSON object
+                                    "{'loss': 0.5, 'reward': 0.25, 'epoch': 0.67}\x1b[0m"])  # an escape after it
+def test_a_json_object_or_a_dict_before_an_escape_is_read_at_once(record: str) -> None:
+    stream, got, stats = _reader()
+    stream.feed("\r" + _bar(19, 30) + "\r" + " " * 56 + "\r")  # a clear
+    stream.feed(record + "\r" + _bar(20, 30) + "\r" + _bar(21, 30))  # the redraw, then the next draw
+    stream.run._apply()
+    assert [(r.step, r.values["loss"]) for r in got] == [(20, 0.5)]
+    stream.finish()
+    assert stats.parse_errors == {}
+
+
 def test_a_lost_record_does_not_shift_the_steps_after_it() -> None:
     """A dict cut mid-way whose rest never comes (the bytes are gone) is counted as a cut line, and the records
     after it keep their own redraws' steps; the guess that the lost text was a record is counted too."""
@@ -285,6 +298,10 @@ def test_live_and_at_once_agree_on_real_captures(path: Path, monkeypatch) -> Non
     whole, stats = at_once(text)
     assert live(text, random.Random(len(text)), monkeypatch, long_pauses_while_waiting=False) == whole
     assert ("unknown", "cut_line") not in stats.parse_errors
+    state = path.parent / "trainer_state.json"
+    if path.parent.parent == TRL and state.exists() and path.name != "stderr.log":  # the trainer's own steps
+        truth = [e["step"] for e in json.loads(state.read_text())["log_history"] if "loss" in e]
+        assert [r[2] for r in whole if r[1] == "train" and "loss" in r[3]] == truth
 
 
 def test_the_issue_shape_three_thousand_steps_a_dict_every_ten() -> None:
