@@ -22,8 +22,9 @@ LINE_DROP_REASONS = ("too_long",)
 # Reasons a console record's step is doubted (posttrain_exporter_step_disagreements_total), exported from the start.
 # epoch: a fallback step that the record's epoch contradicts; cut_line: a record lost to a cut line made the pairing
 # of the records after it with the bar's redraws a guess (checked against their epoch); late_redraw: a record took
-# its fallback step while its redraw was due (the stream paused past the wait), and the redraw showed another step.
-STEP_DISAGREEMENT_REASONS = ("epoch", "cut_line", "late_redraw")
+# its fallback step while its redraw was due (the stream paused past the wait), and the redraw showed another step;
+# stale_redraw: a redraw that a line which is no record took (tqdm.write of a message) was left out.
+STEP_DISAGREEMENT_REASONS = ("epoch", "cut_line", "late_redraw", "stale_redraw")
 # A record from a longer line may hold many or long keys: the run's limits are applied before it waits
 # for its step or its batch, so that waiting records stay small.
 _WIDE_LINE = 16 * 1024
@@ -166,6 +167,7 @@ class ConsoleStream:
             if not self.parsers.block_line:
                 self.stats.lines["none", "unmatched"] += 1
                 self.clock.stated(text)  # what it says of the run's scale, for steps without a bar
+                self.clock.text_line()
             return
         self.stats.lines[rec.fmt, "record"] += 1
         if len(text) > _WIDE_LINE:
@@ -207,6 +209,7 @@ class ConsoleStream:
                 if not self.parsers.block_line:
                     counts["none", "unmatched"] += 1
                     clock.stated(text)
+                    clock.text_line()
                 continue
             counts[rec.fmt, "record"] += 1
             if len(text) > _WIDE_LINE:

@@ -90,9 +90,10 @@ def _value(rng: random.Random) -> float:
 
 
 def trainer_run(policy: str, seed: int, steps: int = 600, every: int = 10, eval_every: int = 0,
-                size: int = 2048) -> tuple[str, list[tuple[str, int, float]]]:
+                size: int = 2048, message_every: int = 0) -> tuple[str, list[tuple[str, int, float]]]:
     """A GRPO-like run through the Trainer's ProgressCallback: bar draws on stderr, each log through tqdm.write
-    (clear the bar, print the dict to stdout, redraw). The text, and the truth: (kind, step, loss or eval_loss)."""
+    (clear the bar, print the dict to stdout, redraw); every `message_every` steps a message that is no record
+    printed the same way. The text, and the truth: (kind, step, loss or eval_loss)."""
     rng = random.Random(seed)
     con = Console(policy, rng, size)
     truth: list[tuple[str, int, float]] = []
@@ -111,12 +112,15 @@ def trainer_run(policy: str, seed: int, steps: int = 600, every: int = 10, eval_
             loss = _value(rng)
             logs.append(("eval", f"{{'eval_loss': {loss!r}, 'eval_runtime': {_value(rng)!r}, "
                          f"'epoch': {round(step / per_epoch, 2)!r}}}", loss))
+        if message_every and step % message_every == 0:
+            logs.append(("message", f"Saving model checkpoint to out/checkpoint-{step}", 0.0))
         for kind, text, loss in logs:
             con.stderr("\r" + " " * 56 + "\r")  # tqdm.write: clear the bar,
             con.stdout(text)  # print the line (two writes),
             con.stdout("\n")
             con.stderr("\r" + _bar(step, steps))  # redraw the bar
-            truth.append((kind, step, loss))
+            if kind != "message":
+                truth.append((kind, step, loss))
     con.stderr("\n")
     con.stdout("{'train_runtime': 1234.5, 'train_samples_per_second': 1.5, 'train_steps_per_second': 0.5, "
                "'train_loss': 0.25, 'epoch': 3.0}\n")
@@ -238,6 +242,23 @@ def test_a_json_object_or_a_dict_before_an_escape_is_read_at_once(record: str) -
     assert stats.parse_errors == {}
 
 
+@pytest.mark.parametrize("policy", ["line", "after", "before"])
+def test_a_message_printed_through_tqdm_write_does_not_shift_the_records_after_it(policy: str) -> None:
+    """`tqdm.write("Saving model checkpoint ...")` clears and redraws the bar as a record's line does: its redraw
+    is no record's. Before, every record after it took the step of the one before, silently."""
+    text, truth = trainer_run(policy, 8, steps=400, every=10, eval_every=100, size=1024, message_every=55)
+    records, stats = at_once(text)
+    got = steps_and_losses(records)
+    assert [(kind, loss) for kind, _, loss in got] == [(kind, loss) for kind, _, loss in truth]
+    wrong = [i for i, (a, b) in enumerate(zip(got, truth, strict=True)) if a != b]
+    if policy == "after":  # a dict read at its cut, before its own redraw, with only the message's queued: that
+        assert len(wrong) <= 1  # one takes the message's step; the record after it is on its own again
+        assert all(got[i + 1] == truth[i + 1] for i in wrong)
+    else:
+        assert wrong == []
+    assert stats.step_disagreements["stale_redraw"] == 7 and stats.parse_errors == {}
+
+
 def test_a_lost_record_does_not_shift_the_steps_after_it() -> None:
     """A dict cut mid-way whose rest never comes (the bytes are gone) is counted as a cut line, and the records
     after it keep their own redraws' steps; the guess that the lost text was a record is counted too."""
@@ -264,12 +285,12 @@ def test_a_cut_text_that_was_no_record_gives_its_redraw_back_by_epoch() -> None:
 
 # --- 2. live and at once agree --------------------------------------------------------------------------------
 
-SHAPES = [("line", 1), ("after", 2), ("before", 3), ("merged", 4), ("merged", 5)]
+SHAPES = [("line", 1), ("after", 2), ("before", 3), ("merged", 4), ("merged", 5), ("line", 6), ("before", 7)]
 
 
 @pytest.mark.parametrize(("policy", "seed"), SHAPES)
 def test_live_and_at_once_agree_on_generated_streams(policy: str, seed: int, monkeypatch) -> None:
-    text, truth = trainer_run(policy, seed, steps=400, eval_every=40, size=1536)
+    text, truth = trainer_run(policy, seed, steps=400, eval_every=40, size=1536, message_every=45 if seed > 5 else 0)
     whole, _ = at_once(text)
     rng = random.Random(seed)
     for _ in range(3):

@@ -163,6 +163,8 @@ class StepClock:
         self._since_checkpoint = 0  # training records since the last global_step line (or the start)
         self._checkpoint_base: int | None = None  # step of the last global_step line, while records continue it
         self.sources: Counter[str] = Counter()  # records without their own step, by where their step came from
+        self._just_cleared = False  # the last thing seen was a clear (no draw, record or line since)
+        self._block_buffered = False  # a record came after its redraw: stdout reaches the stream in blocks
         self._exact_epoch_step: int | None = None  # the last step read exactly off an epoch (for the interval)
         self.disagreements: Counter[str] = Counter() if disagreements is None else disagreements  # by reason
         self.last_step = 0
@@ -173,7 +175,7 @@ class StepClock:
             return _NONE  # a loading or processing bar
         if total != self._total and not self._new_training_bar(n, total):
             return _NONE
-        self._bar = n
+        self._bar, self._just_cleared = n, False
         if self._guessed is not None:
             self._late_redraw(n)
         if self._cleared:
@@ -200,7 +202,18 @@ class StepClock:
 
     def clear(self) -> None:
         if self._bar is not None:  # no training bar was ever drawn: this is no tqdm clear
-            self._cleared = True
+            self._cleared = self._just_cleared = True
+
+    def text_line(self) -> None:
+        """A line that is no record. Printed through tqdm.write (a message, a table), it has a clear and a redraw
+        like a record's, and no record may take that redraw. Directly after a clear, with nothing waiting and no
+        redraw queued, on a stream that has shown no block buffering (where stdout lines come long after their
+        clears), the redraw that follows is this line's: it is not queued, and the judgment is counted."""
+        if self._just_cleared and self._cleared and not self._pending and not self._redraws \
+                and not self._block_buffered:
+            self._cleared = False
+            self.disagreements["stale_redraw"] += 1
+        self._just_cleared = False
 
     @property
     def waiting(self) -> bool:
@@ -211,6 +224,9 @@ class StepClock:
         if rec.step is not None:
             self.last_step = rec.step
             return [rec]
+        self._just_cleared = False
+        if len(self._redraws) > 1:
+            self._block_buffered = True  # its redraw and a later one came before it: stdout comes in blocks
         self._pending.append(rec)
         if self._cleared and not self._redraws:
             if len(self._pending) <= _MAX_WAITING:
@@ -297,10 +313,10 @@ class StepClock:
         if out:
             self.last_step = counts[-1]
             self._bar_used = True
-            self._note_exact(out[-1])
+            self._note_exact_run(out)
             self.sources["bar"] += len(out)
         self._bar = last_count
-        self._cleared = True
+        self._cleared, self._just_cleared = True, False
         return out
 
     def lost(self) -> None:
@@ -321,7 +337,14 @@ class StepClock:
                 if not self._fits(self._pending[0], self._redraws[0]):
                     self._redraws.popleft()  # the lost record's redraw
                 continue
-            rec.step = self.last_step = self._redraws.popleft()  # read off the training bar: exact
+            redraws = self._redraws
+            if self._stale(rec, redraws):
+                redraws.popleft()  # a line that is no record took it (tqdm.write of a message): the epoch says so
+                self.disagreements["stale_redraw"] += 1
+                if not redraws:  # its own comes after the clear
+                    self._pending.appendleft(rec)
+                    break
+            rec.step = self.last_step = redraws.popleft()  # read off the training bar: exact
             self._note_exact(rec)
             out.append(rec)
         if out:
@@ -331,16 +354,51 @@ class StepClock:
             out.extend(self.flush())  # no redraw is coming: ordinal
         return out
 
-    def _fits(self, rec: Record, step: int) -> bool:
-        """Does `step` fit `rec`'s epoch, by the steps per epoch of the last record a redraw gave its step, within
-        half the logging interval? False when that cannot be told (no epoch, no such record, too coarse an epoch)."""
+    def _expected(self, rec: Record) -> tuple[float, float] | None:
+        """The step `rec`'s epoch puts it at, on from the last record a redraw gave its step at that record's steps
+        per epoch, and how far that may be off (both epochs as printed, the steps per epoch taken from one printed
+        epoch, a step at an epoch's boundary); None when it cannot be told within half the logging interval (no
+        epoch, no such record, too coarse an epoch)."""
         epoch = _epoch_of(rec)
         if epoch is None or self._exact is None or not epoch > 0:
+            return None
+        at, at_epoch = self._exact
+        per_epoch, at_rounding = at / at_epoch, max(0.005, 5e-4 * at_epoch)
+        drift = abs(epoch - at_epoch) * at_rounding / at_epoch  # the steps per epoch's own error, carried on
+        error = 1 + per_epoch * (max(0.005, 5e-4 * epoch) + at_rounding + drift)
+        return (at + (epoch - at_epoch) * per_epoch, error) if 2 * error < self._interval else None
+
+    def _fits(self, rec: Record, step: int) -> bool:
+        """Does `step` fit `rec`'s epoch (_expected), within half the logging interval?"""
+        expected = self._expected(rec)
+        return expected is not None and abs(step - expected[0]) < self._interval / 2
+
+    def _stale(self, rec: Record, redraws: deque[int]) -> bool:
+        """Is the first queued redraw, by `rec`'s epoch, not `rec`'s but that of a line before it which is no record
+        (tqdm.write of a message, in a block-buffered stream)? So when it is further from the epoch's step than the
+        estimate may be off and the next queued redraw is closer."""
+        if not self._block_buffered:  # unbuffered, a message's redraw is left out as it comes (text_line)
             return False
-        (at, at_epoch), interval = self._exact, self._interval
-        per_epoch = at / at_epoch
-        rounding = max(0.005, 5e-4 * epoch) * per_epoch  # how the epoch was printed, in steps
-        return interval > 2 * rounding and abs(step - epoch * per_epoch) < interval / 2
+        estimate = self._expected(rec)
+        if estimate is None:
+            return False
+        (expected, error), first = estimate, redraws[0]
+        # (With one queued, a record's own redraw after a clear that no line took looks the same: not judged.)
+        return len(redraws) > 1 and abs(first - expected) > error and abs(redraws[1] - expected) < abs(first - expected)
+
+    def _note_exact_run(self, recs: list[Record]) -> None:
+        """_note_exact for each of `recs` in turn, in the time of the last few: what it leaves (the last record and
+        the last rise of the step between two records it takes) is found from the end."""
+        noted: list[Record] = []  # from the end: the records _note_exact takes
+        for rec in reversed(recs):
+            if rec.kind is RecordKind.TRAIN:
+                epoch = _epoch_of(rec)
+                if epoch is not None and epoch > 0:
+                    noted.append(rec)
+                    if len(noted) > 1 and (noted[-1].step or 0) < (noted[-2].step or 0):
+                        break  # the last rise: what came before it changes nothing that stays
+        for rec in reversed(noted):
+            self._note_exact(rec)
 
     def _note_exact(self, rec: Record) -> None:
         epoch = _epoch_of(rec)

@@ -187,8 +187,10 @@ class ExporterCollector(Collector):
                                             "(with the steps per epoch of the run's other such records); cut_line "
                                             "(a record lost to a cut line made the pairing of the records after it "
                                             "with the bar's redraws a guess, checked by epoch); late_redraw (a "
-                                            "record's redraw came after the wait and showed another step). The "
-                                            "step is kept.", labels=["run", "reason"])
+                                            "record's redraw came after the wait and showed another step); "
+                                            "stale_redraw (a redraw that a line which is no record took, a message "
+                                            "printed through tqdm.write, was left out, by its place after a clear or "
+                                            "by the next record's epoch). The step is kept.", labels=["run", "reason"])
         step_sources = CounterMetricFamily(p + "step_sources", "Console records without a step of their own, by "
                                            "where their step came from: bar (the training bar's redraw), bar_count "
                                            "(the bar's last count, when no redraw came), epoch (the record's epoch "
