@@ -107,8 +107,12 @@ class Config:
 def default_run_name(path: str) -> str:
     if path == "-":
         return "stdin"
-    stem = os.path.basename(os.path.normpath(path)).split(".")[0]  # a folder given as `out/` is `out`
-    return stem or "run"
+    # The file name less its last extension: `qwen2.5-7b-grpo.log` is `qwen2.5-7b-grpo` (a version's dots are
+    # part of the name); a folder (an output folder: `out/`, `ckpt/qwen2.5-7b`) keeps its whole name.
+    name = os.path.basename(os.path.normpath(path))
+    if not path.endswith(("/", os.sep)) and not os.path.isdir(path):
+        name = os.path.splitext(name)[0]
+    return name or "run"
 
 
 def load_config(path: str | None) -> Config:

@@ -25,7 +25,11 @@ log = logging.getLogger(__name__)
 # Reasons a line is dropped unread (posttrain_exporter_lines_dropped_total), all exported from the start.
 LINE_DROP_REASONS = ("too_long",)
 # Reasons a console record's step is doubted (posttrain_exporter_step_disagreements_total), exported from the start.
-STEP_DISAGREEMENT_REASONS = ("epoch",)
+# epoch: a fallback step that the record's epoch contradicts; cut_line: a record lost to a cut line made the pairing
+# of the records after it with the bar's redraws a guess (checked against their epoch); late_redraw: a record took
+# its fallback step while its redraw was due (the stream paused past the wait), and the redraw showed another step;
+# stale_redraw: a redraw that a line which is no record took (tqdm.write of a message) was left out.
+STEP_DISAGREEMENT_REASONS = ("epoch", "cut_line", "late_redraw", "stale_redraw")
 # A record from a longer line may hold many or long keys: the run's limits are applied before it waits
 # for its step or its batch, so that waiting records stay small.
 _WIDE_LINE = 16 * 1024
@@ -40,6 +44,7 @@ class IngestStats:
         self.lines_dropped: Counter[str] = Counter()  # by reason
         self.bar_draws = 0  # counted apart: one per progress-bar draw is the hottest path
         self.step_disagreements: Counter[str] = Counter()  # console records whose step disagrees, by reason
+        self.step_sources: Counter[str] = Counter()  # console records without their own step, by its source
         self._warned: set[tuple[str, ...]] = set()  # what was logged once already, for this run alone
 
     def first_time(self, *what: str) -> bool:
@@ -83,9 +88,11 @@ class ConsoleStream:
         self.stats = stats
         self.parsers = parsers
         self.framer = ConsoleFramer(self, max_line_length)
+        self._blocks = parsers.metrics_blocks  # the Trainer's metrics blocks the parsers follow (None: none)
         self.clock = StepClock(stats.step_disagreements)
         self.samples = SampleReader()  # lines no metric parser takes: the trainer's printed completions
         self.postfixes = PostfixReader(stats.lines, accumulation)  # metrics in bar postfixes (console/postfix.py)
+        self.clock.sources = stats.step_sources  # where each record's step came from, counted for the run
         self.last_data = time.monotonic()
         self._waiting_since: float | None = None  # when records began to wait for a progress-bar redraw
 
@@ -100,6 +107,7 @@ class ConsoleStream:
     def finish(self) -> None:
         """End of input (dump, or stdin closed): the unterminated tail is a line; nothing waits."""
         self.framer.flush()
+        self._close_block()
         self._waiting_since = None
         self._ingest(self.clock.flush())
         self._release_postfix()
@@ -111,6 +119,8 @@ class ConsoleStream:
         comes at all), the waiting records take their fallback step."""
         now = time.monotonic()
         quiet = now - self.last_data >= wait_seconds
+        if quiet:
+            self._close_block()  # a metrics block is printed at once: quiet after it, it is whole
         if quiet or (self._waiting_since is not None and now - self._waiting_since >= wait_seconds):
             self._waiting_since = None
             self._ingest(self.clock.flush())
@@ -172,6 +182,26 @@ class ConsoleStream:
 
     def abandoned(self, text: str) -> None:
         self._error(ParseError("cut_line", text[:60], "unknown"))
+        if text.startswith("{'"):  # most likely a record printed through tqdm.write: it would have taken a redraw
+            self.clock.lost()
+
+    def complete(self, text: str) -> bool:
+        """A dict or JSON object cut from its \\n where a bar draw, a clear or an escape follows it (the framer's
+        `complete`): read at once when it is a record; False leaves it to the framer (held open for its rest)."""
+        try:
+            rec = self.parsers.parse(text)
+        except Exception:  # broken (a ParseError) or a parser bug: the rest may yet come; read whole, it is counted
+            return False
+        finally:
+            if self._blocks is not None and self._blocks.ended is not None:
+                self._take_block()
+        if rec is None:
+            return False
+        self.stats.lines[rec.fmt, "record"] += 1
+        if len(text) > _WIDE_LINE:
+            rec = self.run.narrowed(rec)
+        self._ingest(self.clock.record(rec))
+        return True
 
     def overlong(self) -> None:
         self.stats.lines_dropped["too_long"] += 1
@@ -189,9 +219,15 @@ class ConsoleStream:
         except Exception:  # a parser bug must cost one line, never the sidecar
             self._internal_error(text)
             return
+        finally:
+            if self._blocks is not None and self._blocks.ended is not None:
+                self._take_block()  # the line ended a metrics block: the block's record comes first
         if rec is None:
-            self.stats.lines["none", "unmatched"] += 1
-            self._take_samples(self._sample_line(text))
+            if not self.parsers.block_line:
+                self.stats.lines["none", "unmatched"] += 1
+                self.clock.stated(text)  # what it says of the run's scale, for steps without a bar
+                self.clock.text_line()
+                self._take_samples(self._sample_line(text))
             return
         if rec.step is not None and self.samples.waiting:
             self._take_samples(self.samples.close(rec.step))
@@ -207,6 +243,7 @@ class ConsoleStream:
                 self.line(text)
             return
         parse, run, clock, counts = self.parsers.parse, self.run, self.clock, self.stats.lines
+        blocks = self._blocks
         if len(texts) > 1 and max(map(len, texts)) <= _WIDE_LINE:
             recs = self.parsers.parse_run(texts)  # every line a record with its step, read at once
             if recs is not None:
@@ -231,13 +268,22 @@ class ConsoleStream:
             except Exception:  # a parser bug must cost one line, never the sidecar
                 self._internal_error(text)
                 continue
+            finally:
+                if blocks is not None and blocks.ended is not None:
+                    if stepped:
+                        run.ingest_many(stepped)
+                        stepped = []
+                    self._take_block()
             if rec is None:
-                counts["none", "unmatched"] += 1
-                got = self._sample_line(text)
-                if got is not None:
-                    run.ingest_many(stepped)
-                    stepped = []
-                    self._take_samples(got)
+                if not self.parsers.block_line:
+                    counts["none", "unmatched"] += 1
+                    clock.stated(text)
+                    clock.text_line()
+                    got = self._sample_line(text)
+                    if got is not None:
+                        run.ingest_many(stepped)
+                        stepped = []
+                        self._take_samples(got)
                 continue
             if rec.step is not None and self.samples.waiting:
                 run.ingest_many(stepped)
@@ -304,6 +350,31 @@ class ConsoleStream:
         if rec is not None:
             self.stats.lines[rec.fmt, "record"] += 1
             self.run.ingest(rec)
+
+    def _take_block(self) -> None:
+        rec = self.parsers.ended_block
+        if rec is not None:
+            self._ingest_block(rec)
+
+    def _close_block(self) -> None:
+        rec = self.parsers.close_block()
+        if rec is not None:
+            self._ingest_block(rec)
+
+    def _ingest_block(self, rec: Record) -> None:
+        """A metrics block's record (one per block), less the values that round what the run holds already: the
+        Trainer logged them precisely just before (its summary or evaluation dict), and the block prints them
+        rounded."""
+        self.stats.lines[rec.fmt, "record"] += 1
+        tolerance = self.parsers.block_tolerance()
+        self.run.refresh()  # once per block: the dict before it reaches the run's values
+        known = self.run.passthrough
+        keep = [i for i, (key, value) in enumerate(zip(rec.shape, rec.numbers, strict=True))
+                if key not in known or not abs(known[key] - value) <= tolerance.get(key, 0.0)]
+        if len(keep) < len(rec.shape):
+            rec = rec.subset(keep)
+        if rec.shape or rec.skipped:
+            self._ingest(self.clock.record(rec))
 
     def _internal_error(self, text: str) -> None:
         self.stats.lines["unknown", "error"] += 1

@@ -5,6 +5,7 @@ Read its series, derived state and counters after refresh(): training records ar
 from __future__ import annotations
 
 import logging
+import math
 import operator
 import time
 from collections import Counter
@@ -82,6 +83,8 @@ class RunState:
     detectors: DetectorSet = field(init=False)
     _plans: dict[Shape, ShapePlan] = field(init=False, default_factory=dict)
     _pending: list[Record] = field(init=False, default_factory=list, repr=False)
+    _history_end: int = field(init=False, default=-1, repr=False)  # the history holds no training step above it
+    _cut_waiting: bool = field(init=False, default=False, repr=False)  # a step went back within the waiting batch
     _admitted: set[str] = field(init=False, default_factory=set, repr=False)  # keys counted against max_keys
     _warned: set[str] = field(init=False, default_factory=set, repr=False)  # reasons already logged
     # Told of every batch applied and every resume (the report's digest: what it keeps of the whole run).
@@ -116,8 +119,12 @@ class RunState:
             self._skip_values(rec.skipped)
         if rec.kind is RecordKind.TRAIN:
             if rec.step < self.step:
-                self._apply()
-                self._rewind(rec.step)
+                if rec.step > self._history_end and self._replaces_one(rec.step):
+                    self.resets += 1  # cut when the batch is applied, in one pass (_superseded_left_out)
+                    self._cut_waiting = True
+                else:
+                    self._apply()
+                    self._rewind(rec.step)
             self.step = rec.step
             self.finished = False
         elif rec.kind is RecordKind.SUMMARY:
@@ -233,6 +240,7 @@ class RunState:
     def _apply(self) -> None:
         if not self._pending:
             return
+        self._history_end = self.step  # the batch's training records step up to it, at most
         batch, self._pending = self._pending, []
         shapes = rows_by_shape(batch)
         # Planned in order of first appearance, so that keys are admitted under max_keys in record order.
@@ -240,7 +248,11 @@ class RunState:
         for shape, rows in shapes.items():
             for reason, n in plans[shape].dropped:
                 self._drop_keys(reason, n * len(rows))
-        self._pass_through(shapes, plans, batch)
+        self._pass_through(shapes, plans, batch)  # every record's keys, superseded or not: the last values logged
+        if self._cut_waiting:
+            self._cut_waiting = False
+            batch = self._superseded_left_out(batch)
+            shapes = rows_by_shape(batch)
         cols = batch_columns(batch, shapes, plans.__getitem__)
         series = self.series
         for sk, col in cols.items():
@@ -271,6 +283,7 @@ class RunState:
         chosen: dict[SeriesKey, tuple[int, int]] = {}  # series -> (priority, position)
         exported: list[int] = []
         dropped: Counter[str] = Counter()
+        resolve = self.keymap.resolver(shape)  # a reference-free preference record feeds no DPO instrument
         for pos, k in enumerate(shape):
             refused = self._admit(k)
             if refused is None:
@@ -279,7 +292,7 @@ class RunState:
                 dropped[refused] += 1
                 if refused != "max_keys":
                     continue  # a key past max_keys still feeds its canonical series
-            t = self.keymap.resolve(k)
+            t = resolve(k)
             if t is None or (t.label_from_key and refused is not None):
                 continue  # ... but makes no label value (a reward component): their number is bounded too
             sk = (t.instrument, t.label_value)
@@ -333,7 +346,45 @@ class RunState:
             self._warned.add(reason)
             log.warning("run %s: %s", self.name, message)
 
+    def _replaces_one(self, step: int) -> bool:
+        """Going back to `step` supersedes one training record only, the last one, still waiting in the batch: a
+        log whose step goes back and forth on every record (two writers, a record logged again). That one is left
+        out of the history when the batch is applied, without a history cut; its values never reach the detectors.
+        A longer stretch (a run resumed after a blow-up) is applied, judged, then cut, as logged."""
+        pending, found = self._pending, 0
+        for i in range(len(pending) - 1, max(len(pending) - 9, -1), -1):  # past a few evaluation records at most
+            rec = pending[i]
+            if rec.kind is not RecordKind.TRAIN:
+                continue
+            if rec.step < step:  # type: ignore[operator]
+                return found == 1
+            found += 1
+            if found > 1:
+                return False
+        return found == 1 and len(pending) <= 9  # the history, before the batch, ends below `step`
+
+    def _superseded_left_out(self, batch: list[Record]) -> list[Record]:
+        """The batch less its training records that a later one in it superseded (it went back to their step or
+        before: a resumed run, or two writers), as cutting the history at each would leave it; their non-finite
+        values are counted still. A log whose step goes back and forth costs one pass per batch, no history cut."""
+        kept: list[Record] = []
+        low = math.inf  # the lowest step of the training records after this one
+        for rec in reversed(batch):
+            if rec.kind is RecordKind.TRAIN:
+                if rec.step >= low:  # type: ignore[operator]
+                    if not all(map(math.isfinite, rec.numbers)):
+                        plan = self._plan(rec.shape)
+                        for sk, pos in zip(plan.series, plan.positions, strict=True):
+                            if not math.isfinite(rec.numbers[pos]):
+                                self.nonfinite[sk] += 1
+                    continue
+                low = rec.step  # type: ignore[assignment]
+            kept.append(rec)
+        kept.reverse()
+        return kept
+
     def _rewind(self, step: int) -> None:
+        self._history_end = step - 1
         self.resets += 1
         for s in self.series.values():
             s.cut_back(step)

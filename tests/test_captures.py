@@ -237,14 +237,16 @@ METRICS_BLOCKS = """***** train metrics *****
 
 
 def test_metrics_blocks_are_summary_pass_through_not_steps(tmp_path) -> None:
+    """Each block is one record (issue 24): train's a summary, eval's an evaluation record; no training step."""
     summary = "{'train_runtime': 83.45, 'train_samples_per_second': 12.345, 'train_steps_per_second': 2.037, " \
               "'train_loss': 0.2231, 'epoch': 3.0}\n"
     ex = exporter_of(tmp_path, training_with_tqdm() + summary + METRICS_BLOCKS + "Training done.\n")
     run = ex.runs["r"]
     out = scrape(ex)
     assert run.step == 170 and steps_of(ex) == list(range(10, 171, 10)) and run.finished
-    assert run.records["train"] == 17 and run.records["summary"] == 1 + 13
-    assert sample(out, "posttrain_exporter_lines_total", format="hf_metrics", outcome="record") == 13
+    assert run.records["train"] == 17 and run.records["summary"] == 1 + 1 and run.records["eval"] == 1
+    assert sample(out, "posttrain_exporter_lines_total", format="hf_metrics", outcome="record") == 2
+    assert sample(out, "posttrain_exporter_lines_total", format="none", outcome="unmatched") == 1  # Training done.
     assert sample(out, "posttrain_exporter_lines_total", format="katib", outcome="record") is None
     assert sample(out, "posttrain_metric", key="train_runtime") == pytest.approx(83.45)
     assert sample(out, "posttrain_metric", key="eval_runtime") == pytest.approx(4.02)
@@ -253,17 +255,46 @@ def test_metrics_blocks_are_summary_pass_through_not_steps(tmp_path) -> None:
     assert sample(out, "posttrain_metric", key="perplexity") == pytest.approx(1.3651)
 
 
+def test_a_block_never_overwrites_the_precise_values_logged_before_it(tmp_path) -> None:
+    """The Trainer logs the summary dict at full precision, then prints the block rounded to 4 decimals: the
+    dict's values stay; a value the block alone has (total_flos) or one it prints differently is taken."""
+    summary = "{'train_runtime': 139862.4789, 'train_samples_per_second': 0.107, 'train_steps_per_second': 0.013, " \
+              "'train_loss': 0.00015002657560484402, 'epoch': 1.0}\n"
+    evals = "{'eval_loss': 0.31118774414062, 'eval_runtime': 4.0211, 'epoch': 1.0}\n"
+    block = ("***** train metrics *****\n  epoch                    =        1.0\n"
+             "  total_flos               =    12345GF\n  train_loss               =     0.0002\n"
+             "  train_runtime            = 1 day, 14:51:02.47\n***** eval metrics *****\n"
+             "  epoch                   =        1.0\n  eval_loss               =     0.3112\n"
+             "  eval_runtime            = 0:00:04.02\n  perplexity              =     1.3651\n")
+    ex = exporter_of(tmp_path, training_with_tqdm(max_steps=30) + summary + evals + block)
+    out = scrape(ex)
+    assert sample(out, "posttrain_metric", key="train_loss") == 0.00015002657560484402
+    assert sample(out, "posttrain_metric", key="train_runtime") == 139862.4789
+    assert sample(out, "posttrain_metric", key="eval_loss") == 0.31118774414062
+    assert sample(out, "posttrain_metric", key="eval_runtime") == 4.0211
+    assert sample(out, "posttrain_metric", key="total_flos") == 12345 * 2**30
+    assert sample(out, "posttrain_metric", key="perplexity") == 1.3651
+    assert ex.runs["r"].records["eval"] == 2 and ex.runs["r"].records["summary"] == 2  # the block at the end of input
+
+
 def test_a_metrics_block_ends_at_the_first_line_that_is_no_entry() -> None:
     chain = LineParserChain()
-    assert chain.parse("[rank0]:***** train metrics *****") is None  # a header is no record
-    rec = chain.parse("[rank0]:  train_runtime = 1 day, 2:00:00.50")
-    assert rec.kind is RecordKind.SUMMARY and rec.values == {"train_runtime": 93600.5}
-    assert chain.parse("  init_mem_cpu_alloc_delta = 3MB").values == {"init_mem_cpu_alloc_delta": 3 * 2**20}
-    assert chain.parse("Saving model checkpoint to out") is None
+    assert chain.parse("[rank0]:***** train metrics *****") is None and chain.block_line  # a header is no record
+    assert chain.parse("[rank0]:  train_runtime = 1 day, 2:00:00.50") is None and chain.block_line  # gathered
+    assert chain.parse("  init_mem_cpu_alloc_delta = 3MB") is None
+    assert chain.parse("Saving model checkpoint to out") is None and not chain.block_line
+    rec = chain.ended_block
+    assert rec.kind is RecordKind.SUMMARY and rec.values == {"train_runtime": 93600.5,
+                                                             "init_mem_cpu_alloc_delta": 3 * 2**20}
+    assert chain.ended_block is None  # taken once
     katib = chain.parse("  loss = 0.5")  # outside a block: Katib's text format, as before
     assert katib.fmt == "katib" and katib.kind is RecordKind.TRAIN
     blocks = MetricsBlocks()
     assert not blocks.header("***** Running training *****") and not blocks.active
+    assert chain.parse("***** eval metrics *****") is None and chain.parse("  eval_loss = 0.5") is None
+    assert chain.parse("***** test metrics *****") is None  # the next header ends the last block
+    assert chain.ended_block.kind is RecordKind.EVAL
+    assert chain.parse("  test_loss = 0.25") is None and chain.close_block().values == {"test_loss": 0.25}
 
 
 # --- 4. trainer_state.json under another name, and a Trainer's output folder ------------------------------------
@@ -414,3 +445,58 @@ def test_a_log_pasted_inside_a_markdown_code_fence(tmp_path) -> None:
     fenced = exporter_of(tmp_path, "Here is my log:\n\n```text\n" + body + "```\n", name="fenced.log")
     assert steps_of(fenced) == steps_of(plain) == [1, 2, 3, 4, 5]
     assert fenced.stats["r"].lines["none", "unmatched"] == 3  # the sentence and the two fences
+
+
+# --- 5. steps when the log has no usable bar (issue 24) -----------------------------------------------------------
+
+TRAINER_FACTS = """[INFO|trainer.py:2243] 2026-03-14 09:10:02,118 >> ***** Running training *****
+[INFO|trainer.py:2244] 2026-03-14 09:10:02,118 >>   Num examples = 2,712
+[INFO|trainer.py:2245] 2026-03-14 09:10:02,118 >>   Num Epochs = 2
+[INFO|trainer.py:2246] 2026-03-14 09:10:02,118 >>   Instantaneous batch size per device = 4
+[INFO|trainer.py:2249] 2026-03-14 09:10:02 >>   Total train batch size (w. parallel, distributed & accumulation) = 32
+[INFO|trainer.py:2250] 2026-03-14 09:10:02,118 >>   Gradient Accumulation steps = 8
+[INFO|trainer.py:2251] 2026-03-14 09:10:02,118 >>   Total optimization steps = 170
+"""
+
+
+def step_sources(ex: Exporter) -> dict[str, float]:
+    out = scrape(ex)
+    return {s: sample(out, "posttrain_exporter_step_sources_total", source=s) for s in ("epoch", "checkpoint",
+                                                                                          "ordinal", "bar")}
+
+
+def test_a_log_that_states_its_scale_gives_steps_from_epochs(tmp_path) -> None:
+    """LLaMA-Factory-like: no training bar (loading bars only), the Trainer's facts, records every 10 steps with
+    their epoch (2 decimals): steps 10..170, not the ordinals 1..17; the counter says the epoch gave them."""
+    text = loading_bars() + TRAINER_FACTS + "".join(hf_record(s, 170, 2) + "\n" for s in range(10, 171, 10))
+    ex = exporter_of(tmp_path, text)
+    assert steps_of(ex) == list(range(10, 171, 10))
+    assert step_sources(ex) == {"epoch": 17, "checkpoint": 0, "ordinal": 0, "bar": 0}
+    assert sample(scrape(ex), "posttrain_exporter_step_disagreements_total", reason="epoch") == 0
+
+
+def test_examples_and_batch_size_give_the_steps_per_epoch(tmp_path) -> None:
+    """Only `Num examples` and the total batch size stated (3,200 / 32 = 100 steps per epoch); an evaluation's own
+    `Num examples` later changes nothing."""
+    facts = "  Num examples = 3,200\n  Total train batch size (w. parallel, distributed & accumulation) = 32\n"
+    records = [hf_record(s, 300, 3) + "\n" for s in range(5, 301, 5)]
+    evaluation = "***** Running Evaluation *****\n  Num examples = 50\n"
+    text = facts + "".join(records[:20]) + evaluation + "".join(records[20:])
+    ex = exporter_of(tmp_path, text)
+    assert steps_of(ex) == list(range(5, 301, 5))
+
+
+def test_deepspeed_global_step_lines_continue_the_steps_at_the_interval_they_show(tmp_path) -> None:
+    """No bar, no facts, records without an epoch every 10 steps, and DeepSpeed's checkpoint lines every 50 steps:
+    the first five records take ordinals (nothing known yet), the rest go on from each global_step line at the
+    interval the records before it show (50 / 5 = 10); the counters say which."""
+    ds = "[2026-03-14 09:10:09,377] [INFO] [engine.py:3500:_save_zero_checkpoint] zero checkpoint saved " \
+         "out/checkpoint-{0}/global_step{0}/zero_pp_rank_0_mp_rank_00_optim_states.pt\n"
+    lines = []
+    for step in range(10, 201, 10):
+        lines.append(f"{{'loss': {1 / step:.4f}, 'grad_norm': 0.8, 'learning_rate': 2e-05}}\n")
+        if step % 50 == 0:
+            lines.append(ds.format(step))
+    ex = exporter_of(tmp_path, "".join(lines))
+    assert steps_of(ex) == [1, 2, 3, 4, 5, *range(60, 201, 10)]
+    assert step_sources(ex) == {"epoch": 0, "checkpoint": 15, "ordinal": 5, "bar": 0}

@@ -513,4 +513,4 @@ def test_progress_bar_redraws_that_come_late_give_steps_at_most_one_ahead(run: s
         r.refresh()
     got, want = families(ex), dump_of(path, "t")
     ahead = {float(got[k]) - float(v) for k, v in want.items() if k[0] == "posttrain_instrument_last_step"}
-    assert ahead <= {0.0, 1.0} and 1.0 in ahead, ahead
+    assert ahead <= {0.0, 1.0}, ahead  # block-buffered: exact since a quiet poll keeps a clear (issue 24)

@@ -10,7 +10,7 @@ from conftest import TRL, run_cli
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.cli import UsageError, _specs
-from exporter.config import Config, LogSpec, parse_config
+from exporter.config import Config, LogSpec, default_run_name, parse_config
 
 
 def samples(text: str, name: str) -> dict[str, float]:
@@ -78,3 +78,35 @@ def test_run_names_the_trainer_and_files_beside_it_by_their_names() -> None:
     assert [s.run for s in specs] == ["grpo-7b", "trainer_state"]
     with pytest.raises(UsageError, match="cannot be a log here"):
         _specs(Config(), ["-"], None, "auto", child=child)
+
+
+@pytest.mark.parametrize(("path", "run"), [
+    ("/runs/qwen2.5-7b-grpo.log", "qwen2.5-7b-grpo"),  # a version's dots stay: only the last extension goes
+    ("out/llama-3.1-8b.dpo.jsonl", "llama-3.1-8b.dpo"),
+    ("train.log", "train"),
+    ("out/", "out"),
+    ("/data/qwen2.5-7b/", "qwen2.5-7b"),  # an output folder keeps its whole name
+    ("noext", "noext"),
+    ("-", "stdin"),
+])
+def test_the_default_run_name_is_the_file_name_less_its_last_extension(path: str, run: str, tmp_path) -> None:
+    assert default_run_name(path) == run
+    (tmp_path / "ckpt-1.5b").mkdir()
+    assert default_run_name(str(tmp_path / "ckpt-1.5b")) == "ckpt-1.5b"  # an existing folder, without its /
+
+
+def test_two_dotted_names_stay_apart_without_numbering(tmp_path) -> None:
+    """`qwen2.5-7b-grpo.log` and `qwen2.5-7b-dpo.log` were `qwen2-2` and `qwen2-3` (cut at the first dot)."""
+    paths = [str(tmp_path / "qwen2.5-7b-grpo.log"), str(tmp_path / "qwen2.5-7b-dpo.log")]
+    specs = _specs(Config(), paths, None, "auto")
+    assert [s.run for s in specs] == ["qwen2.5-7b-grpo", "qwen2.5-7b-dpo"]
+
+
+def test_bytes_read_count_for_a_trainer_state_source(tmp_path) -> None:
+    """posttrain_exporter_source_read_bytes_total counts a trainer_state.json's reads too (it stayed 0)."""
+    path = tmp_path / "trainer_state.json"
+    shutil.copy(TRL / "grpo" / "trainer_state.json", path)
+    res = run_cli("dump", "--no-gpu", str(path))
+    assert res.returncode == 0, res.stderr.decode()
+    assert samples(res.stdout.decode(), "posttrain_exporter_source_read_bytes_total") == {
+        "trainer_state": float(path.stat().st_size)}

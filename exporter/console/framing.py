@@ -83,7 +83,8 @@ class ConsoleSink(Protocol):
     # Optional: `nested_bar()`, a nested bar's draw without a postfix (left out, counted).
     # Optional: `bar_run(draws)`, (description, count, total, bracket text) of lines that are one plain draw each
     # (_DRAW_LINE's groups): bar() for each, and postfix(..., False) for each whose bracket holds a `=`.
-
+    # Optional: `complete(text) -> bool`: `text`, a dict or JSON object cut by a \r or an escape (a bar draw or a clear
+    # follows it) that ends with its closing brace, read as a line when it is a record (True); False: it is held open.
     # Optional: `line_run(texts)`, the same as `line(text)` for each in turn (a run of plain lines at once).
     # Optional: `redrawn_run(columns, start, stop) -> int`, tqdm.write's lines (_LINES) at once: `columns` holds
     # their groups (first count, total, further draws, last count, metric line), column by column; of lines `start`
@@ -104,6 +105,7 @@ class ConsoleFramer:
         self._postfix = getattr(sink, "postfix", None)  # bar draws with a postfix (console/postfix.py)
         self._nested_bar = getattr(sink, "nested_bar", None)
         self._bar_run = getattr(sink, "bar_run", None)  # lines that are one bar draw each, at once
+        self._complete = getattr(sink, "complete", None)  # a record whole before its \n: read at once
 
     def feed(self, text: str) -> None:
         if _RAY_PREFIX_START in text:
@@ -224,6 +226,8 @@ class ConsoleFramer:
             self._segments(segments, True)
         elif line:
             self._segment(line, True)
+        elif self._open is not None:
+            self._newline_alone()
 
     def _redrawn_run(self, drawn: list[tuple[str, ...]], lines: list[str]) -> None:
         """A run of tqdm.write's lines, offered to the sink a stretch of one bar total at a time: the sink takes what
@@ -288,6 +292,8 @@ class ConsoleFramer:
         sink, bar_match = self.sink, _BAR.match
         for i, raw in enumerate(segments):
             if not raw:
+                if i == newline_at and self._open is not None:
+                    self._newline_alone()
                 continue
             if "|" in raw and "\x1b" not in raw:
                 m = bar_match(raw)
@@ -364,6 +370,22 @@ class ConsoleFramer:
                 self.sink.line(text)  # foreign \r text while a line is open: leave the line open
                 return
         if not newline and _LINE_START.match(text):
-            self._open = text  # cut by a \r: the rest comes after the bar text
+            if not self._read_at_cut(text):
+                self._open = text  # cut by a \r: the rest comes after the bar text
             return
         self.sink.line(text)
+
+    # --- a record cut from its \n (block-buffered stdout flushed between `}` and `\n`, stderr's bar drawn after it)
+
+    def _read_at_cut(self, text: str) -> bool:
+        """A dict or JSON object that ends with its closing brace where a \\r or an escape cut it is read now, when
+        it is a record: its redraw, which gives its step, is the bar draw that cut it, or comes soon after. Held, it
+        would wait for a \\n that comes with stdout's next block (hours later), or never. A verl step line has no
+        end mark, so it waits for its \\n; it carries its own step, so its lateness shifts nothing."""
+        return text[0] == "{" and self._complete is not None and text.rstrip().endswith("}") \
+            and self._complete(text)
+
+    def _newline_alone(self) -> None:
+        """A \\n with nothing before it ends the open line: the line's text all came before a bar draw cut it."""
+        text, self._open = self._open, None
+        self.sink.line(text)  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 from exporter import __version__
 from exporter.app import Exporter
 from exporter.buildinfo import REVISION
+from exporter.console.steps import STEP_SOURCES
 from exporter.instruments.derived import threshold_series
 from exporter.instruments.families import BY_NAME as FAMILIES
 from exporter.instruments.keymap import INSTRUMENTS
@@ -187,8 +188,19 @@ class ExporterCollector(Collector):
         disagreements = CounterMetricFamily(p + "step_disagreements", "Console training records given a "
                                             "fallback step (no redraw of the training progress bar gave one: their "
                                             "ordinal, or the bar's last count) that disagrees, by reason: epoch "
-                                            "(with the steps per epoch of the run's other such records). The step "
-                                            "is kept.", labels=["run", "reason"])
+                                            "(with the steps per epoch of the run's other such records); cut_line "
+                                            "(a record lost to a cut line made the pairing of the records after it "
+                                            "with the bar's redraws a guess, checked by epoch); late_redraw (a "
+                                            "record's redraw came after the wait and showed another step); "
+                                            "stale_redraw (a redraw that a line which is no record took, a message "
+                                            "printed through tqdm.write, was left out, by its place after a clear or "
+                                            "by the next record's epoch). The step is kept.", labels=["run", "reason"])
+        step_sources = CounterMetricFamily(p + "step_sources", "Console records without a step of their own, by "
+                                           "where their step came from: bar (the training bar's redraw), bar_count "
+                                           "(the bar's last count, when no redraw came), epoch (the record's epoch "
+                                           "times the steps per epoch the log stated), checkpoint (on from a "
+                                           "global_stepN line at the logging interval), ordinal (the next number).",
+                                           labels=["run", "source"])
         resets = CounterMetricFamily(p + "history_resets", "Times a run's step went backwards (resumed from "
                                      "a checkpoint) and its history was cut back.", labels=["run"])
         stops = CounterMetricFamily(p + "stop_signals", "Stop files written for the trainer (config early_stop; "
@@ -211,6 +223,8 @@ class ExporterCollector(Collector):
                 lines_dropped.add_metric([name, reason], st.lines_dropped[reason])
             for reason in STEP_DISAGREEMENT_REASONS:
                 disagreements.add_metric([name, reason], st.step_disagreements[reason])
+            for source in STEP_SOURCES:
+                step_sources.add_metric([name, source], st.step_sources[source])
             for reason, n in sorted(run.values_skipped.items()):
                 skipped.add_metric([name, reason], n)
             resets.add_metric([name], run.resets)
@@ -242,7 +256,8 @@ class ExporterCollector(Collector):
         info = GaugeMetricFamily(p + "build_info", "Version of the exporter and the commit it was built from, value 1.",
                                  labels=["version", "revision", "python"])  # as Prometheus: {version, revision, ...}
         info.add_metric([__version__, REVISION or "unknown", platform.python_version()], 1.0)
-        yield from (lines, errors, records, last, dropped, lines_dropped, skipped, disagreements, resets, stops)
+        yield from (lines, errors, records, last, dropped, lines_dropped, skipped, disagreements, step_sources, resets,
+                    stops)
         yield from (up, rotations, truncations, resumed, read_errors, read_bytes, info)
 
 

@@ -6,11 +6,15 @@ in step. Keys that look alike but mean different things are mapped apart on purp
 - verl `actor/ppo_kl`, OpenRLHF `ppo_kl` and TRL PPO `policy/approxkl_avg` compare the policy
   before and after an update; they feed `approx_kl`, never `kl` (KL to the reference policy).
 - DPO's `rewards/chosen|rejected|margins|accuracies` are not reward components.
+- The same four keys from a reference-free preference trainer (ORPO, CPO, SimPO: a record holding one of
+  REFERENCE_FREE_KEYS) are beta x log p of the policy alone, negative by construction: they feed no DPO
+  instrument (the DPO detectors assume a reference model) and are exported as pass-through only.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -101,6 +105,14 @@ class KeyRule:
 
 
 _DPO_REWARD_NAMES = "chosen|rejected|margins|accuracies"
+# Keys only reference-free preference trainers log beside `rewards/*`: TRL ORPO (`log_odds_ratio`, `log_odds_chosen`,
+# `nll_loss`), CPO and SimPO (`nll_loss`), and ORPO implementations that log `odds_ratio_loss`. (TRL DPO logs
+# `nll_loss` too when rpo_alpha is set: such a run is read as reference-free, its DPO detectors silent.)
+REFERENCE_FREE_KEYS = frozenset({"log_odds_ratio", "log_odds_chosen", "odds_ratio_loss", "nll_loss"})
+# Instruments whose detectors assume a reference model: a reference-free record feeds none of them.
+_REFERENCE_INSTRUMENTS = frozenset({"dpo_reward", "dpo_accuracy"})
+_REFERENCE_FREE_NOTE = ("not from a record that also holds " + ", ".join(f"`{k}`" for k in sorted(REFERENCE_FREE_KEYS))
+                        + ": ORPO, CPO and SimPO have no reference model, their rewards are pass-through only")
 
 KEY_RULES: list[KeyRule] = [
     KeyRule("epoch", "epoch", frameworks="HF Trainer (all TRL trainers)"),
@@ -176,10 +188,10 @@ KEY_RULES: list[KeyRule] = [
     KeyRule("completions/clipped_ratio", "completion_truncated", frameworks="TRL GRPO, RLOO"),
     KeyRule("response_length/clip_ratio", "completion_truncated", frameworks="verl", priority=1),
     KeyRule("rollout/truncated_rate", "completion_truncated", frameworks="OpenRLHF v0.10+", priority=2),
-    KeyRule("rewards/chosen", "dpo_reward", "chosen", frameworks="TRL DPO, KTO"),
-    KeyRule("rewards/rejected", "dpo_reward", "rejected", frameworks="TRL DPO, KTO"),
-    KeyRule("rewards/margins", "dpo_reward", "margin", frameworks="TRL DPO, KTO"),
-    KeyRule("rewards/accuracies", "dpo_accuracy", frameworks="TRL DPO"),
+    KeyRule("rewards/chosen", "dpo_reward", "chosen", frameworks="TRL DPO, KTO", note=_REFERENCE_FREE_NOTE),
+    KeyRule("rewards/rejected", "dpo_reward", "rejected", frameworks="TRL DPO, KTO", note=_REFERENCE_FREE_NOTE),
+    KeyRule("rewards/margins", "dpo_reward", "margin", frameworks="TRL DPO, KTO", note=_REFERENCE_FREE_NOTE),
+    KeyRule("rewards/accuracies", "dpo_accuracy", frameworks="TRL DPO", note=_REFERENCE_FREE_NOTE),
     KeyRule("acc_mean", "dpo_accuracy", frameworks="OpenRLHF DPO", priority=1),
     KeyRule("acc", "dpo_accuracy", frameworks="OpenRLHF DPO, RM (per micro-batch, in the step bar's postfix)",
             priority=2),
@@ -221,6 +233,17 @@ class KeyMap:
         self._exact = {r.key: r for r in KEY_RULES if not r.pattern}
         self._patterns = [(re.compile(r.key + "$"), r) for r in KEY_RULES if r.pattern]
         self.resolve = lru_cache(maxsize=4096)(self._resolve)
+
+    def resolver(self, shape: tuple[str, ...]) -> Callable[[str], Target | None]:
+        """resolve() for the keys of a record of `shape`: a reference-free preference trainer's record (it holds
+        one of REFERENCE_FREE_KEYS) feeds no instrument that assumes a reference model, unless a config alias says."""
+        return self.resolve if REFERENCE_FREE_KEYS.isdisjoint(shape) else self._resolve_reference_free
+
+    def _resolve_reference_free(self, key: str) -> Target | None:
+        t = self.resolve(key)
+        if t is not None and t.instrument in _REFERENCE_INSTRUMENTS and key not in self._aliases:
+            return None
+        return t
 
     def _resolve(self, key: str) -> Target | None:
         if key in self._aliases:

@@ -66,9 +66,11 @@ class LineParserChain:
         else:
             self._parsers = [BUILTIN_FORMATS[fmt]]
         self._blocks = MetricsBlocks() if fmt in _WITH_METRICS_BLOCKS else None
+        self.metrics_blocks = self._blocks  # read by the console stream: a block that ended, to take
         # OpenRLHF's step lines come first where the chain tries them (auto: before user formats and katib).
         self._openrlhf_runs = fmt in ("auto", "openrlhf")
         self._dict_lines = fmt in ("auto", "hf")  # formats whose parse() reads a `{'` line with parse_hf_dict first
+        self.block_line = False  # the last line parse() read was a metrics block's header or entry
 
     def parse_run(self, texts: list[str]) -> list[Record] | None:
         """[parse(text) for text in texts] when every line is a record of a shape read at once (OpenRLHF's step
@@ -120,16 +122,35 @@ class LineParserChain:
             return _verl(line)
         return None
 
-    def parse(self, line: str) -> Record | None:
+    @property
+    def ended_block(self) -> Record | None:
+        """A metrics block that the last line parsed ended, as one record (parsers/summary.py); taken by reading it:
+        the reader ingests it before that line's own record. None: none ended."""
         blocks = self._blocks
-        if blocks is not None and blocks.active:
-            rec = blocks.entry(line)
-            if rec is not None:
-                return rec
+        if blocks is None or blocks.ended is None:
+            return None
+        rec, blocks.ended = blocks.ended, None
+        return rec
+
+    def block_tolerance(self) -> dict[str, float]:
+        """Per key of the last block taken: how far its printed value may be from the value it rounds."""
+        return {} if self._blocks is None else self._blocks.tolerance
+
+    def close_block(self) -> Record | None:
+        """The input ended (or went quiet): an open metrics block's record."""
+        return None if self._blocks is None else self._blocks.close()
+
+    def parse(self, line: str) -> Record | None:
+        """The line's record, None when it is none (or an entry of a metrics block, gathered: see block_line)."""
+        blocks = self._blocks
+        self.block_line = False
+        if blocks is not None and blocks.active and blocks.entry(line):
+            self.block_line = True
+            return None
         for parser in self._parsers:
             rec = parser(line)
             if rec is not None:
                 return rec
         if blocks is not None:
-            blocks.header(line)
+            self.block_line = blocks.header(line)
         return None

@@ -104,6 +104,7 @@ class TrainerStateInput(Source):
             self._error(reason, n)
         self.reader.entry_errors.clear()
         self.follow.up = self.reader.up
+        self.follow.bytes_read = self.reader.bytes_read
         for rec in records:
             self.stats.lines["trainer_state", "record"] += 1
             self.run.ingest(rec)

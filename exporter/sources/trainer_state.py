@@ -97,6 +97,7 @@ class TrainerStateReader:
         self._seen = 0
         self._sig: tuple[str, int, int] | None = None  # (file, mtime_ns, size) of the last read
         self.entry_errors: Counter[str] = Counter()  # log_history entries that are no record, by reason
+        self.bytes_read = 0  # bytes read from the file, every (re)read whole
 
     def _file(self) -> str | None:
         return trainer_state_in(self.path) if os.path.isdir(self.path) else self.path
@@ -112,7 +113,9 @@ class TrainerStateReader:
             if sig == self._sig:
                 return []
             with open(path, "rb") as f:
-                text = f.read().decode("utf-8", "replace")
+                data = f.read()
+            self.bytes_read += len(data)
+            text = data.decode("utf-8", "replace")
         except OSError:
             self.up = False
             return []
