@@ -400,7 +400,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     return run_report(cfg, specs, args.out_format, args.out, args.fail_on, args.runbook_base)
 
 
-STOP_GRACE_SECONDS = 4.0  # after SIGTERM, the reading loop gets this long to end (a hung read is left behind)
+STOP_GRACE_SECONDS = 2.5  # after SIGTERM, the reading loop gets this long to end (a hung read is left behind)
 LISTEN_RETRY_SECONDS = 5.0
 
 
