@@ -592,14 +592,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     from exporter.sources.child import FORWARDED_SIGNALS, ChildOutput
     if args.linger < 0:
         raise UsageError("--linger must be 0 or more seconds")
+    stop, ended = threading.Event(), threading.Event()  # ended: the trainer's output was all read
+    started: list = []
+    early: list[int] = []  # signals that came before the trainer was there to take them
+
+    def forward(signum: int, _frame) -> None:
+        if started:
+            started[0].forward(signum)
+        else:
+            early.append(signum)
+        stop.set()
+
+    for sig in FORWARDED_SIGNALS:  # before the trainer starts: it may print and be signalled at once
+        signal.signal(sig, forward)
     try:
         child = ChildOutput(args.child, relay_log=True)
     except OSError as e:
         raise UsageError(f"cannot start {args.child[0]}: {e.strerror or e}") from None
+    started.append(child)
+    for signum in early:
+        child.forward(signum)
     _relay_log(child.feed.log_fd)
-    stop, ended = threading.Event(), threading.Event()  # ended: the trainer's output was all read
-    for sig in FORWARDED_SIGNALS:
-        signal.signal(sig, lambda signum, _frame: (child.forward(signum), stop.set()))
     log.info("run: trainer started (pid %d)", child.pid)
     side: dict[str, Any] = {}
     exporter_side = threading.Thread(target=_run_exporter, args=(args, child, ended, side), name="exporter",
@@ -617,9 +630,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return status
     finally:
         ended.set()
-        for part in ("listener", "gpu"):
-            if part in side:
-                side[part].shutdown() if part == "listener" else side[part].stop()
+        if "listener" in side:
+            side["listener"].shutdown()
+        if "gpu" in side:
+            side["gpu"].stop()
         child.feed.stop()
 
 

@@ -28,6 +28,7 @@ class FollowStats:
     resumed: int = 0  # read on after an interruption (a file that came back, a pod log's stream reopened)
     read_errors: int = 0
     bytes_read: int = 0  # bytes, as read from the file, pipe or connection (not characters after decoding)
+    dropped_bytes: int = 0  # a copied stream's bytes skipped for parsing (the parser was behind), never for the log
 
 
 class ChunkReader(Protocol):

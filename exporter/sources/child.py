@@ -33,7 +33,7 @@ from exporter.sources.copier import COUNTERS, COUNTERS_SIZE, GAP, HEADER, PIPE_S
 
 log = logging.getLogger(__name__)
 
-POLL_READ = 4 << 20  # parse-pipe bytes taken by one poll: more waiting means the loop polls again at once
+POLL_READ = 1 << 20  # parse-pipe bytes taken by one poll (the pipe holds as much): more waiting, the loop polls again
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(exporter.__file__)))
 
@@ -115,7 +115,7 @@ class CopierFeed:
             budget -= len(data)
         self.behind = budget <= 0
         text = self._frames()
-        self.stats.bytes_read = self.bytes_read
+        self.stats.bytes_read, self.stats.dropped_bytes = self.bytes_read, self.dropped_bytes
         if ended:
             text += "".join(d.decode(b"", final=True) for d in self._decoders.values())
             self.closed, self.stats.up = True, False

@@ -93,12 +93,12 @@ class Output:
         self.closed = False  # EPIPE: nobody reads it any more
         self._failing = False  # the last chunk could not be written: the next is tried once, without waiting
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: memoryview) -> None:
         with self.lock:
             self._write(data)
-            self.at_boundary = data.endswith(b"\n")
+            self.at_boundary = data[-1:] == b"\n"
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
         deadline = None
         while view and not self.closed:
@@ -143,26 +143,23 @@ class Parse:
         if fd is not None:
             os.set_blocking(fd, False)
 
-    def send(self, tag: bytes, data: bytes) -> None:
+    def send(self, tag: bytes, data: memoryview) -> None:
         if self.fd is None:
             return
         step = FRAME - HEADER.size
         with self._lock:
             for i in range(0, len(data), step):
-                piece = data[i:i + step]
-                if self._gap and not self._frame(GAP, b""):
-                    self.counters.add("parse_dropped_bytes", len(piece))
-                    continue
-                self._gap = False
-                if not self._frame(tag, piece):
-                    self.counters.add("parse_dropped_bytes", len(piece))
+                if (self._gap and not self._frame(GAP, b"")) or not self._frame(tag, data[i:i + step]):
+                    self.counters.add("parse_dropped_bytes", len(data) - i)  # the pipe is full: the rest too
                     if not self._gap:
                         self.counters.add("gaps")
                     self._gap = True
+                    return
+                self._gap = False
 
-    def _frame(self, tag: bytes, piece: bytes) -> bool:
+    def _frame(self, tag: bytes, piece: bytes | memoryview) -> bool:
         try:
-            os.write(self.fd, HEADER.pack(tag, len(piece)) + piece)  # whole or refused (at most PIPE_BUF)
+            os.writev(self.fd, (HEADER.pack(tag, len(piece)), piece))  # whole or refused (at most PIPE_BUF)
             return True
         except BlockingIOError:
             return False
@@ -226,16 +223,19 @@ LOGS = Logs()
 
 
 def pump(src: int, out: Output | None, tag: bytes, parse: Parse, counters: Counters) -> None:
+    buf = bytearray(CHUNK)  # one buffer, read into again and again: no new memory (and page faults) per read
+    whole = memoryview(buf)
     while True:
         try:
-            data = os.read(src, CHUNK)
+            n = os.readv(src, [buf])
         except InterruptedError:
             continue
         except OSError:
-            data = b""
-        if not data:
+            n = 0
+        if not n:
             break
-        counters.add("bytes_read", len(data))
+        data = whole[:n]
+        counters.add("bytes_read", n)
         if out is not None:
             out.write(data)  # first the log, whatever parsing does
         parse.send(tag, data)
