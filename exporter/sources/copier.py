@@ -12,11 +12,11 @@ never its stderr. A write that fails is retried, never given up for good:
 - ENOSPC, EIO, ...: retried for RETRY_SECONDS, then that chunk is dropped (counted) and the next is tried at once;
 - EPIPE (nobody reads our output any more): that copy stops, the reading goes on (the trainer never sees EPIPE).
 
-The parser's copy goes through one pipe, in frames of at most PIPE_BUF bytes (a tag byte: which stream, two length
-bytes, the bytes), so that each write is whole or refused, never cut: the exporter reads frames in the order the
-chunks were read, and keeps one UTF-8 decoder per stream. A frame that does not fit (the parser is behind) is
-dropped and counted, and a GAP frame goes first once there is room again, so that the text on both sides of the
-hole is never glued into one line.
+The parser's copy goes through one pipe, in frames (a tag byte: which stream, four length bytes, the bytes),
+each written whole or not at all, never cut (see `Parse`): the exporter reads frames in the order the chunks were
+read, and keeps one UTF-8 decoder per stream. A frame that does not fit (the parser is behind) is dropped and
+counted, and a GAP frame goes first once there is room again, so that the text on both sides of the hole is never
+glued into one line.
 
 The exporter's own log lines (`run`) come in on a pipe of their own, one line each, and are written to our stderr
 only where the trainer's stderr is at a line boundary; held longer than HOLD_SECONDS, they go to stdout if that is
@@ -29,14 +29,17 @@ Usage: python -m exporter.sources.copier --stream SRC:DST:TAG [--stream ...] [--
 from __future__ import annotations
 
 import argparse
+import array
 import contextlib
 import errno
+import fcntl
 import mmap
 import os
 import select
 import signal
 import struct
 import sys
+import termios
 import threading
 import time
 from collections import deque
@@ -44,7 +47,9 @@ from collections import deque
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20  # asked of every pipe we read or feed (Linux: F_SETPIPE_SZ; the default is 64 KiB)
 FRAME = 4096  # PIPE_BUF on Linux (POSIX: at least 512): a write this small is whole or refused
-HEADER = struct.Struct(">cH")
+PAGE = 4096
+MAX_FRAME = 256 << 10
+HEADER = struct.Struct(">cI")
 GAP = b"g"
 RETRY_SECONDS = 1.0
 HOLD_SECONDS = 1.0
@@ -56,7 +61,6 @@ COUNTERS_SIZE = 8 * len(COUNTERS)
 
 def set_pipe_size(fd: int, size: int = PIPE_SIZE) -> None:
     """A larger pipe: the trainer blocks less often on a busy moment of ours. Best effort (Linux only)."""
-    import fcntl
     with contextlib.suppress(OSError):
         fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), size)
 
@@ -133,39 +137,82 @@ class Output:
 
 
 class Parse:
-    """The parser's copy: frames on a non-blocking pipe, dropped (counted) when the parser is behind."""
+    """The parser's copy: frames on a non-blocking pipe, each written whole or not at all, dropped (counted) when
+    the parser is behind. A frame is at most PIPE_BUF bytes (POSIX: such a write is whole or refused), or, where
+    the pipe says how full it is (Linux: F_GETPIPE_SZ, FIONREAD), as large as it surely has room for."""
 
     def __init__(self, fd: int | None, counters: Counters) -> None:
         self.fd = fd
         self.counters = counters
         self._lock = threading.Lock()
         self._gap = False
+        self._size = pipe_size(fd) if fd is not None else None
         if fd is not None:
             os.set_blocking(fd, False)
 
     def send(self, tag: bytes, data: memoryview) -> None:
         if self.fd is None:
             return
-        step = FRAME - HEADER.size
         with self._lock:
-            for i in range(0, len(data), step):
-                if (self._gap and not self._frame(GAP, b"")) or not self._frame(tag, data[i:i + step]):
+            i = 0
+            while i < len(data):
+                room = self._room()
+                if self._gap and room >= HEADER.size and self._frame(GAP, b""):
+                    self._gap = False
+                    room -= HEADER.size
+                piece = data[i:i + min(room - HEADER.size, MAX_FRAME)]
+                if self._gap or len(piece) <= 0 or not self._frame(tag, piece):
                     self.counters.add("parse_dropped_bytes", len(data) - i)  # the pipe is full: the rest too
                     if not self._gap:
                         self.counters.add("gaps")
                     self._gap = True
                     return
-                self._gap = False
+                i += len(piece)
+
+    def _room(self) -> int:
+        """Bytes a write is sure to take whole: the pipe's free bytes less two pages (a partly read page and a
+        partly written one each take a whole slot), or PIPE_BUF where that cannot be told."""
+        if self._size is None:
+            return FRAME
+        try:
+            buf = array.array("i", [0])
+            fcntl.ioctl(self.fd, termios.FIONREAD, buf)
+        except OSError:
+            return FRAME
+        return max(FRAME, self._size - buf[0] - 2 * PAGE)
 
     def _frame(self, tag: bytes, piece: bytes | memoryview) -> bool:
+        header = HEADER.pack(tag, len(piece))
         try:
-            os.writev(self.fd, (HEADER.pack(tag, len(piece)), piece))  # whole or refused (at most PIPE_BUF)
-            return True
+            n = os.writev(self.fd, (header, piece))
         except BlockingIOError:
             return False
         except OSError:  # the exporter is gone: the copy to the log goes on
             self.fd = None
             return False
+        if n < len(header) + len(piece):  # never expected (room was checked): finish the frame, or stop the copy
+            rest = (bytes(header) + bytes(piece))[n:]
+            deadline = time.monotonic() + 5.0
+            while rest and time.monotonic() < deadline:
+                select.select([], [self.fd], [], 0.1)
+                try:
+                    rest = rest[os.write(self.fd, rest):]
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    break
+            if rest:
+                note("the parser's copy was cut inside a frame: parsing stops here (the trainer's output goes on)")
+                os.close(self.fd)
+                self.fd = None
+        return True
+
+
+def pipe_size(fd: int) -> int | None:
+    try:
+        return fcntl.fcntl(fd, getattr(fcntl, "F_GETPIPE_SZ", 1032))
+    except OSError:
+        return None
 
 
 class Logs:
