@@ -3,15 +3,15 @@ alone, and the sidecar's peak memory (the exporter and its copier process), on a
 
     python bench/passthrough.py [--mb 200] [--repeat 3] [--exporter PATH_TO_A_CHECKOUT] [--json OUT]
 
-The stream: real TRL console text (the GRPO fixture: records, tqdm redraws with \r, ANSI) alternating with
-random binary blocks (no newline for up to 1 MiB: "lines" of any length), written by the trainer in 64 KiB
-writes, three quarters to stdout and a quarter to stderr. Every way writes into pipes drained by `cat`, as a
-container runtime reads a pod's output, the trainer alone included. The trainer times its own writes (first to
-last) and the bench reports the median of --repeat runs of each way. In `serve --log -` the trainer starts once
-the copier reads (a trainer loads for minutes before it prints). Peak RSS is the kernel's high-water mark
-(VmHWM) of the exporter and of its copier, sampled every 20 ms until they exit; their sum is compared with the
-chart's memory request (helm values: 100Mi). `--exporter` runs another checkout (e.g. the code before issue 23)
-as a peer in the same run."""
+The stream: real TRL console text (the GRPO fixture: records, tqdm redraws with \r, ANSI) alternating with random
+binary blocks (no newline for up to 1 MiB: "lines" of any length), written by the trainer in 64 KiB writes (--write-
+size), three quarters to stdout and a quarter to stderr. Every way writes into pipes drained by `cat`, as a
+container runtime reads a pod's output, the trainer alone included. The trainer times its own writes (first to last)
+and the bench reports the median of --repeat runs of each way. In `serve --log -` the trainer starts once the copier
+reads (a trainer loads for minutes before it prints). Peak RSS is the kernel's high-water mark (VmHWM) of the
+exporter and of its copier, sampled every 20 ms until they exit; their sum is compared with the chart's memory
+request (helm values: 100Mi). `--exporter` runs another checkout (e.g. the code before issue 23) as a peer in the
+same run."""
 
 from __future__ import annotations
 
@@ -37,10 +37,10 @@ CHART_REQUEST_MIB = 100
 
 TRAINER = """
 import os, sys, time
-data = open(sys.argv[1], "rb").read()
+data, size = open(sys.argv[1], "rb").read(), int(sys.argv[3])
 start = time.perf_counter()
-for i in range(0, len(data), 65536):
-    os.write(2 if (i // 65536) % 4 == 3 else 1, data[i:i + 65536])
+for i in range(0, len(data), size):
+    os.write(2 if (i // size) % 4 == 3 else 1, data[i:i + size])
 took = time.perf_counter() - start
 open(sys.argv[2], "w").write(repr(took))
 """
@@ -75,8 +75,17 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def watch_memory(proc: subprocess.Popen, peaks: dict[int, int], done: threading.Event) -> None:
-    """The high-water mark of the exporter and every process it started but the trainer."""
+def cpu_s(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def watch_memory(proc: subprocess.Popen, peaks: dict[int, int], done: threading.Event,
+                 cpu: dict[int, float] | None = None) -> None:
+    """The high-water mark (and the CPU time) of the exporter and every process it started but the trainer."""
     while not done.is_set():
         for pid in [proc.pid, *descendants(proc.pid)]:
             kib = hwm_kib(pid)
@@ -91,6 +100,9 @@ def watch_memory(proc: subprocess.Popen, peaks: dict[int, int], done: threading.
             if pid != proc.pid and b"exporter.sources.copier" not in cmd:
                 continue
             peaks[pid] = max(peaks.get(pid, 0), kib)
+            used = cpu_s(pid)
+            if cpu is not None and used is not None:
+                cpu[pid] = used
         time.sleep(0.02)
 
 
@@ -110,13 +122,14 @@ def wait_copier(proc: subprocess.Popen, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-def one(mode: str, stream: Path, exporter_root: Path, port: int) -> dict:
+def one(mode: str, stream: Path, exporter_root: Path, port: int, write_size: int) -> dict:
     took_file = Path(tempfile.mktemp(prefix="took-"))
-    trainer = [sys.executable, "-c", TRAINER, str(stream), str(took_file)]
+    trainer = [sys.executable, "-c", TRAINER, str(stream), str(took_file), str(write_size)]
     env = dict(os.environ, PYTHONPATH=str(exporter_root), OMP_NUM_THREADS="1")
     exporter = [sys.executable, "-m", "exporter", "--log-level", "error"]
     listen = ["--web.listen-address", f"127.0.0.1:{port}", "--no-gpu"]
     peaks: dict[int, int] = {}
+    cpu: dict[int, float] = {}
     out, err = sink(), sink()
     done = threading.Event()
     start = time.perf_counter()
@@ -125,13 +138,13 @@ def one(mode: str, stream: Path, exporter_root: Path, port: int) -> dict:
     elif mode == "run":
         p = subprocess.Popen([*exporter, "run", *listen, "--", *trainer], stdout=out.stdin, stderr=err.stdin,
                              env=env, cwd=exporter_root)
-        w = threading.Thread(target=watch_memory, args=(p, peaks, done), daemon=True)
+        w = threading.Thread(target=watch_memory, args=(p, peaks, done, cpu), daemon=True)
         w.start()
         p.wait()
     else:  # trainer 2>&1 | serve --log -: serve runs on after its input ends; stopped once the trainer finished
         p = subprocess.Popen([*exporter, "serve", *listen, "--log", "-"], stdin=subprocess.PIPE, stdout=out.stdin,
                              stderr=err.stdin, env=env, cwd=exporter_root)
-        w = threading.Thread(target=watch_memory, args=(p, peaks, done), daemon=True)
+        w = threading.Thread(target=watch_memory, args=(p, peaks, done, cpu), daemon=True)
         w.start()
         wait_copier(p)
         t = subprocess.Popen(trainer, stdout=p.stdin, stderr=subprocess.STDOUT)
@@ -147,7 +160,9 @@ def one(mode: str, stream: Path, exporter_root: Path, port: int) -> dict:
     wall = time.perf_counter() - start
     took = float(took_file.read_text())
     took_file.unlink()
+    copier_cpu = sum(v for pid, v in cpu.items() if pid != getattr(p, "pid", None)) if mode != "alone" else 0.0
     return {"mode": mode, "trainer_s": took, "wall_s": wall, "peak_rss_mib": sum(peaks.values()) / 1024,
+            "copier_cpu_s": copier_cpu,
             "peaks_mib": sorted(round(v / 1024, 1) for v in peaks.values())}
 
 
@@ -155,6 +170,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--write-size", type=int, default=65536, help="bytes per write of the trainer (default 64 KiB)")
     ap.add_argument("--exporter", type=Path, action="append", default=[], help="another checkout, run as a peer")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -166,13 +182,15 @@ def main() -> None:
         rows = []
         roots = [("this", REPO)] + [(str(p), p) for p in args.exporter]
         for _ in range(args.repeat):  # interleaved: a busy moment of the machine falls on every way alike
-            rows.append({"root": "-", **one("alone", stream, REPO, 0)})
+            rows.append({"root": "-", **one("alone", stream, REPO, 0, args.write_size)})
             for name, root in roots:
                 for mode in ("run", "stdin"):
-                    rows.append({"root": name, **one(mode, stream, root, free_port())})
+                    rows.append({"root": name, **one(mode, stream, root, free_port(), args.write_size)})
     alone = statistics.median(r["trainer_s"] for r in rows if r["mode"] == "alone")
-    print(f"stream: {size / 1e6:.0f} MB (text and binary); trainer alone: {alone:.3f} s (median of {args.repeat})")
-    print(f"{'exporter':<28} {'way':<6} {'trainer s':>9} {'x alone':>8} {'wall s':>7} {'peak RSS MiB':>13}  (each)")
+    print(f"stream: {size / 1e6:.0f} MB (text and binary) in writes of {args.write_size} bytes; trainer alone: "
+          f"{alone:.3f} s (median of {args.repeat})")
+    print(f"{'exporter':<28} {'way':<6} {'trainer s':>9} {'x alone':>8} {'wall s':>7} {'copier CPU s':>12} "
+          f"{'peak RSS MiB':>13}  (each)")
     summary = []
     for name, _ in roots:
         for mode in ("run", "stdin"):
@@ -181,8 +199,11 @@ def main() -> None:
             rss = max(r["peak_rss_mib"] for r in sel)
             each = max(sel, key=lambda r: r["peak_rss_mib"])["peaks_mib"]
             wall = statistics.median(r["wall_s"] for r in sel)
-            print(f"{name[-28:]:<28} {mode:<6} {t:>9.3f} {t / alone:>8.2f} {wall:>7.2f} {rss:>13.1f}  {each}")
+            copier = statistics.median(r["copier_cpu_s"] for r in sel)
+            print(f"{name[-28:]:<28} {mode:<6} {t:>9.3f} {t / alone:>8.2f} {wall:>7.2f} {copier:>12.2f} {rss:>13.1f}  "
+                  f"{each}")
             summary.append({"exporter": name, "way": mode, "trainer_s": t, "ratio": t / alone, "wall_s": wall,
+                            "copier_cpu_s": copier,
                             "peak_rss_mib": rss, "under_request": rss < CHART_REQUEST_MIB})
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -509,6 +509,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stdin = None
     if "-" in args.logs:  # the trainer's pipe: copied before anything here can fail, and whatever fails after
         stdin = StdinReader(tee_fd=sys.stdout.fileno()).start()
+        _yield_cpu()
         setup = _until_up("serve", lambda: _serve_setup(args, stdin), lambda: stdin.wait(0))
     else:
         setup = _serve_setup(args, None)
@@ -518,6 +519,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if stdin is not None and stdin.feed is not None:
             stdin.feed.stop()
+
+
+EXPORTER_NICE = 10
+
+
+def _yield_cpu() -> None:
+    """Once the copier (and the trainer) started at our priority: the exporter's own work (parsing, serving) takes
+    a lower one, so that on a busy CPU the trainer and its copy come first; parsing that falls behind skips text
+    (counted), it never slows them."""
+    try:
+        os.nice(EXPORTER_NICE)
+    except OSError as e:  # pragma: no cover - lowering one's own priority is always allowed on Linux
+        log.debug("cannot lower the exporter's priority: %s", e)
 
 
 def _serve_setup(args: argparse.Namespace, stdin) -> tuple[Exporter, str, GpuSampler | None, WebConfig | None]:
@@ -613,6 +627,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for signum in early:
         child.forward(signum)
     _relay_log(child.feed.log_fd)
+    _yield_cpu()
     log.info("run: trainer started (pid %d)", child.pid)
     side: dict[str, Any] = {}
     exporter_side = threading.Thread(target=_run_exporter, args=(args, child, ended, side), name="exporter",
