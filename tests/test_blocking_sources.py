@@ -104,7 +104,7 @@ def test_what_can_never_be_read_is_refused_at_start(tmp_path, path, fmt, words) 
 
 def test_a_folder_is_still_a_trainer_output_dir(tmp_path) -> None:
     """Only what can never be read is refused: a folder read as a Trainer's output_dir is served (and its
-    trainer_state.json, once there, read)."""
+    trainer_state.json, once there, read); that it holds nothing yet is said, not waited for without a word."""
     port, p = serve("--log", str(tmp_path), "--run", "outdir")
     try:
         wait_up(port)
@@ -115,6 +115,7 @@ def test_a_folder_is_still_a_trainer_output_dir(tmp_path) -> None:
         wait_value(port, "posttrain_step", 2, run="outdir")
     finally:
         stop_within(p)
+    assert b"holding no trainer_state.json and no event files yet: waiting" in p.stderr.read()  # said, once
 
 
 HUNG_READ = """

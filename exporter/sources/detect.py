@@ -15,6 +15,7 @@ that is not there yet, or a folder holding neither yet, is decided when it first
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import stat
 import threading
@@ -26,6 +27,8 @@ from exporter.sources.trainer_state import looks_like_trainer_state, trainer_sta
 CONSOLE = "console"
 TRAINER_STATE = "trainer_state"
 TENSORBOARD = "tensorboard"
+
+log = logging.getLogger(__name__)
 
 
 def input_kind(path: str, fmt: str) -> str | None:
@@ -63,6 +66,9 @@ def refusal(path: str, fmt: str, within: float = 1.0) -> str | None:
     if stat.S_ISDIR(mode) and fmt not in ("auto", TRAINER_STATE, TENSORBOARD):
         return (f"{path} is a folder: a {fmt} log must be a file (a folder is read as a Trainer's output_dir or a "
                 "TensorBoard folder, with --format auto, trainer_state or tensorboard)")
+    if stat.S_ISDIR(mode) and fmt == "auto" and not is_log_folder(path):
+        log.warning("%s is a folder holding no trainer_state.json and no event files yet: waiting for them (a "
+                    "console log must be a file)", path)
     return None
 
 
