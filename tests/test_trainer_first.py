@@ -255,3 +255,41 @@ def test_the_exporters_log_lines_never_land_inside_a_trainers_line() -> None:
     assert b"cannot listen on" in both  # said: on stdout, at a line boundary, while stderr was inside one
     for line in both.splitlines():
         assert line.startswith(b"ts=") or line == b"epoch 1: starting a line and ending it", line
+
+
+def test_an_exporter_killed_for_memory_leaves_the_trainer_and_its_output_whole(tmp_path) -> None:
+    """SIGKILL of the exporter (as the OOM killer does it) in the middle of the run: the trainer is not touched,
+    its output reaches the log to its last line (the copier is a process of its own)."""
+    out, done = tmp_path / "pod.log", tmp_path / "trainer-finished"
+    body = f"""
+        import pathlib, time
+        for i in range(60):
+            print("{{'loss': %d.5, 'epoch': 0.1}}" % i, flush=True)
+            time.sleep(0.05)
+        pathlib.Path({str(done)!r}).touch()
+    """
+    with out.open("wb") as f:
+        p = subprocess.Popen(exporter_cmd("--log-level", "error", "run", "--no-gpu", "--web.listen-address",
+                                          f"127.0.0.1:{free_port()}", "--", *trainer(body)), cwd=REPO, stdout=f,
+                             stderr=subprocess.DEVNULL)
+    time.sleep(1.5)
+    p.kill()
+    p.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not done.exists():
+        time.sleep(0.1)
+    assert done.exists(), "the trainer died with the exporter"
+    time.sleep(0.3)
+    assert out.read_text().splitlines()[-1] == "{'loss': 59.5, 'epoch': 0.1}"
+
+
+def test_stdin_with_a_bad_config_is_copied_whole_then_the_error_ends_serve(tmp_path) -> None:
+    """`serve --log - --config broken.yml`: the input is copied to its end (the trainer upstream never sees a broken
+    pipe), the error is said while it is, and once the input has ended it ends `serve` as it would at start."""
+    bad = tmp_path / "broken.yml"
+    bad.write_text("logs: [unclosed\n")
+    res = subprocess.run(exporter_cmd("serve", "--no-gpu", "--listen-address", f"127.0.0.1:{free_port()}", "--log",
+                                      "-", "--config", str(bad)), cwd=REPO, input=TRAINER_OUT, capture_output=True,
+                         timeout=120)
+    assert res.stdout == TRAINER_OUT
+    assert res.returncode == 2 and b"config error" in res.stderr
