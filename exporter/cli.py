@@ -400,6 +400,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     return run_report(cfg, specs, args.out_format, args.out, args.fail_on, args.runbook_base)
 
 
+SETUP_GRACE_SECONDS = 10.0  # `run`, the trainer gone: how long its exporter may take to set up, and read the rest
 STOP_GRACE_SECONDS = 2.5  # after SIGTERM, the reading loop gets this long to end (a hung read is left behind)
 LISTEN_RETRY_SECONDS = 5.0
 
@@ -509,7 +510,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stdin = None
     if "-" in args.logs:  # the trainer's pipe: copied before anything here can fail, and whatever fails after
         stdin = StdinReader(tee_fd=sys.stdout.fileno()).start()
-        _yield_cpu()
         setup = _until_up("serve", lambda: _serve_setup(args, stdin), lambda: stdin.wait(0))
     else:
         setup = _serve_setup(args, None)
@@ -519,19 +519,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if stdin is not None and stdin.feed is not None:
             stdin.feed.stop()
-
-
-EXPORTER_NICE = 10
-
-
-def _yield_cpu() -> None:
-    """Once the copier (and the trainer) started at our priority: the exporter's own work (parsing, serving) takes
-    a lower one, so that on a busy CPU the trainer and its copy come first; parsing that falls behind skips text
-    (counted), it never slows them."""
-    try:
-        os.nice(EXPORTER_NICE)
-    except OSError as e:  # pragma: no cover - lowering one's own priority is always allowed on Linux
-        log.debug("cannot lower the exporter's priority: %s", e)
 
 
 def _serve_setup(args: argparse.Namespace, stdin) -> tuple[Exporter, str, GpuSampler | None, WebConfig | None]:
@@ -627,9 +614,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for signum in early:
         child.forward(signum)
     _relay_log(child.feed.log_fd)
-    _yield_cpu()
     log.info("run: trainer started (pid %d)", child.pid)
-    side: dict[str, Any] = {}
+    side: dict[str, Any] = {"setup_done": threading.Event()}
     exporter_side = threading.Thread(target=_run_exporter, args=(args, child, ended, side), name="exporter",
                                      daemon=True)
     exporter_side.start()
@@ -638,7 +624,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not child.wait_output(5.0):
             log.warning("the trainer exited but a process it started still holds its output open; not waiting for it")
         ended.set()
-        exporter_side.join(STOP_GRACE_SECONDS)
+        # its setup (imports, config) first: ended now, it reads what the trainer left and stops; a thread left
+        # inside an import at the interpreter's exit can hang it
+        grace = STOP_GRACE_SECONDS if stop.is_set() else SETUP_GRACE_SECONDS  # a signal: be quick
+        side["setup_done"].wait(grace)
+        exporter_side.join(grace)
         if "listener" in side and args.linger:  # keep serving for a last scrape
             stop.clear()
             stop.wait(args.linger)
@@ -674,8 +664,10 @@ def _run_exporter(args: argparse.Namespace, child, ended: threading.Event, side:
     try:
         exporter, side["listener"], gpu, child_spec, cfg = _until_up("run", setup, ended.is_set)
     except Exception as e:
-        log.error("run: the exporter never started (%s); the trainer ran without it", e)
+        log.error("run: the exporter cannot start (%s); the trainer ran without it", e)
         return
+    finally:
+        side["setup_done"].set()
     if gpu is not None:
         side["gpu"] = gpu
         gpu.start()

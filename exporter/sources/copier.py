@@ -216,16 +216,18 @@ def pipe_size(fd: int) -> int | None:
 
 
 class Logs:
-    """The exporter's own log lines, held until one of our outputs is at a line boundary."""
+    """The exporter's own log lines, held until one of our outputs is at a line boundary. A flush never waits: a
+    stream's thread that finds another flush under way (writing to a slow output) goes on copying."""
 
     def __init__(self) -> None:
         self.outputs: list[Output] = []  # stderr first
         self.counters: Counters | None = None
         self._held: deque[tuple[float, bytes]] = deque()
-        self._lock = threading.RLock()  # a note written while flushing comes back here
+        self._held_lock = threading.Lock()  # the deque alone, held briefly
+        self._flushing = threading.Lock()  # one flush at a time
 
     def add(self, line: bytes) -> None:
-        with self._lock:
+        with self._held_lock:
             self._held.append((time.monotonic(), line))
             while len(self._held) > HELD_LINES:
                 self._held.popleft()
@@ -236,10 +238,13 @@ class Logs:
     def flush(self, final: bool = False) -> None:
         """Writes the held lines to the first output at a line boundary: stderr, or, once they waited HOLD_SECONDS,
         stdout. `final` (the trainer's streams ended): to whichever is at a boundary, else after a newline."""
-        with self._lock:
-            if not self._held:
-                return
-            waited = time.monotonic() - self._held[0][0]
+        if not self._flushing.acquire(blocking=final):
+            return
+        try:
+            with self._held_lock:
+                if not self._held:
+                    return
+                waited = time.monotonic() - self._held[0][0]
             open_ = [o for i, o in enumerate(self.outputs) if not o.closed and (i == 0 or waited >= HOLD_SECONDS
                                                                                   or final)]
             for out in open_:
@@ -255,13 +260,17 @@ class Logs:
                 with open_[0].lock:
                     self._write_held(open_[0])
             elif final:  # nowhere left to write them
-                if self.counters is not None:
-                    self.counters.add("log_lines_dropped", len(self._held))
-                self._held.clear()
+                with self._held_lock:
+                    if self.counters is not None:
+                        self.counters.add("log_lines_dropped", len(self._held))
+                    self._held.clear()
+        finally:
+            self._flushing.release()
 
     def _write_held(self, out: Output) -> None:
-        lines = b"".join(line for _, line in self._held)
-        self._held.clear()
+        with self._held_lock:
+            lines = b"".join(line for _, line in self._held)
+            self._held.clear()
         out._write((b"" if out.at_boundary else b"\n") + lines)
         out.at_boundary = True
 
