@@ -3,15 +3,15 @@ alone, and the sidecar's peak memory (the exporter and its copier process), on a
 
     python bench/passthrough.py [--mb 200] [--repeat 3] [--exporter PATH_TO_A_CHECKOUT] [--json OUT]
 
-The stream: real TRL console text (the GRPO fixture: records, tqdm redraws with \r, ANSI) alternating with random
-binary blocks (no newline for up to 1 MiB: "lines" of any length), written by the trainer in 64 KiB writes (--write-
-size), three quarters to stdout and a quarter to stderr. Every way writes into pipes drained by `cat`, as a
-container runtime reads a pod's output, the trainer alone included. The trainer times its own writes (first to last)
-and the bench reports the median of --repeat runs of each way. In `serve --log -` the trainer starts once the copier
-reads (a trainer loads for minutes before it prints). Peak RSS is the kernel's high-water mark (VmHWM) of the
-exporter and of its copier, sampled every 20 ms until they exit; their sum is compared with the chart's memory
-request (helm values: 100Mi). `--exporter` runs another checkout (e.g. the code before issue 23) as a peer in the
-same run."""
+The stream: real TRL console text (the GRPO fixture: records, tqdm redraws with \\r, ANSI) alternating with random
+binary blocks (no newline for up to 1 MiB: "lines" of any length), written by the trainer in 64 KiB writes
+(--write-size), three quarters to stdout and a quarter to stderr. Every way writes into pipes drained by `cat`, as
+a container runtime reads a pod's output, the trainer alone included. The trainer sleeps a second first (a trainer
+loads before it prints: the copier started beside it is up by then), then times its own writes, first to last; the
+bench reports the median of --repeat runs of each way, the ways interleaved. Peak RSS is the kernel's high-water
+mark (VmHWM) of the exporter and of its copier, sampled every 20 ms until they exit; their sum is compared with the
+chart's memory request (helm values: 100Mi). `--exporter` runs another checkout (e.g. the code before issue 23) as
+a peer in the same run."""
 
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ CHART_REQUEST_MIB = 100
 TRAINER = """
 import os, sys, time
 data, size = open(sys.argv[1], "rb").read(), int(sys.argv[3])
+time.sleep(1.0)  # a trainer loads before it prints: what starts beside it (the copier) is up by then
 start = time.perf_counter()
 for i in range(0, len(data), size):
     os.write(2 if (i // size) % 4 == 3 else 1, data[i:i + size])
