@@ -103,11 +103,13 @@ class Exporter:
         return StreamInput(spec, self._console(spec), KubernetesLogReader.from_path(spec.path))
 
     def poll_once(self) -> bool:
-        """One slice of every input, each under the lock on its own (scrapes get in between)."""
+        """One slice of every input: read without the lock (opening, reading, fingerprinting may block: a FIFO, a
+        hung mount), then ingested under it, each input on its own (scrapes get in between)."""
         got = False
-        for inp in self.inputs:
+        for inp in list(self.inputs):  # `run` may add the trainer's input meanwhile
+            inp.read()
             with self.lock:
-                got |= inp.poll()
+                got |= inp.ingest()
                 self.heartbeat = time.monotonic()
         if got and self.stop_signal is not None and not self.catching_up:  # judged as things stand, not mid-history
             self.raise_stop_signal(self.stop_signal)

@@ -9,9 +9,11 @@ import json
 import logging
 import os
 import re
+import secrets
 import signal
 import sys
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -32,7 +34,7 @@ from exporter.parsers.training import LAUNCH_ENV
 from exporter.report import FAIL_ON
 from exporter.report import FORMATS as REPORT_FORMATS
 from exporter.runbooks import RUNBOOK_BASE
-from exporter.sources.detect import is_log_folder
+from exporter.sources.detect import is_log_folder, refusal
 
 if TYPE_CHECKING:  # the other commands' modules are imported by the commands that use them: `dump` starts faster
     from exporter.exposition.webconfig import WebConfig
@@ -288,6 +290,10 @@ def _specs(cfg: Config, paths: list[str], run: str | None, fmt: str, *, child: L
     if sum(s.path == "-" for s in specs) > 1:
         raise UsageError("run reads the trainer's output: standard input ('-') cannot be a log here" if child
                          else "standard input ('-') can be read only once")
+    for spec in specs:  # a device, a socket, a folder as a console log: never readable, said now
+        why = refusal(spec.path, spec.format)
+        if why is not None:
+            raise UsageError(why)
     return _distinct_runs(specs, explicit)
 
 
@@ -300,15 +306,15 @@ def _distinct_runs(specs: list[LogSpec], explicit: list[bool]) -> list[LogSpec]:
     """Two different sources never merge into one run silently: two logs named the same way by their file
     name get names from their folders (and it is logged); two logs given the same run name are an error,
     since their records would interleave into one history (a reset at every step of the other)."""
-    seen: set[tuple[str, str]] = set()
+    seen: dict[str, LogSpec] = {}
     out: list[LogSpec] = []
     named_by_user: list[bool] = []
-    for spec, given in zip(specs, explicit, strict=True):  # the same file listed twice (config and --log): once
-        key = (spec.path if spec.path == "-" else os.path.realpath(spec.path), spec.run)
+    for spec, given in zip(specs, explicit, strict=True):  # the same file listed twice (config and --log, or a
+        key = spec.path if spec.path == "-" or "://" in spec.path else os.path.realpath(spec.path)  # symlink): once
         if key in seen:
-            log.info("%s is listed twice for run %s: reading it once", spec.path, spec.run)
+            log.info("%s is %s, listed before for run %s: reading it once", spec.path, key, seen[key].run)
             continue
-        seen.add(key)
+        seen[key] = spec
         out.append(spec)
         named_by_user.append(given)
     explicit = named_by_user
@@ -411,24 +417,92 @@ def cmd_report(args: argparse.Namespace) -> int:
     return run_report(cfg, specs, out_format, args.out, args.fail_on, args.runbook_base)
 
 
-def _serve(exporter: Exporter, listen: str, loop, gpu: GpuService | None = None, web: WebConfig | None = None) -> int:
-    from exporter.exposition.server import build_app, serve_http
-    host, port, _ = _parse_listen(listen)
-    try:
-        httpd = serve_http(host, port, build_app(_registry(exporter, True, gpu), lambda: exporter.heartbeat,
-                                                 lambda: exporter.catching_up, exporter.verdict), web)
-    except OSError as e:
-        raise UsageError(f"cannot listen on {listen}: {e.strerror or e}; pick another with --web.listen-address") \
-            from None
+SETUP_GRACE_SECONDS = 10.0  # `run`, the trainer gone: how long its exporter may take to set up, and read the rest
+STOP_GRACE_SECONDS = 2.5  # after SIGTERM, the reading loop gets this long to end (a hung read is left behind)
+LISTEN_RETRY_SECONDS = 5.0
+
+
+class _Listener:
+    """The HTTP side. Bound at once; or, with `retry` (`run`, `serve --log -`: the trainer's output must pass
+    whatever the port does), a failure is logged loudly and the bind retried in the background."""
+
+    def __init__(self, exporter: Exporter, listen: str, gpu: GpuService | None, web: WebConfig | None,
+                 retry: bool) -> None:
+        self._listen, self._closed = listen, threading.Event()
+        self._lock = threading.Lock()
+        self.httpd = None
+        from exporter.exposition.server import build_app
+        self._app = build_app(_registry(exporter, True, gpu), lambda: exporter.heartbeat,
+                              lambda: exporter.catching_up, exporter.verdict)
+        self._web = web
+        try:
+            self._bind()
+        except OSError as e:
+            if not retry:
+                raise UsageError(f"cannot listen on {listen}: {e.strerror or e}; pick another with "
+                                 "--web.listen-address") from None
+            log.error("cannot listen on %s: %s; the trainer's output passes through and is read meanwhile; "
+                      "retrying every %.0fs", listen, e.strerror or e, LISTEN_RETRY_SECONDS)
+            threading.Thread(target=self._retry, name="listen-retry", daemon=True).start()
+
+    def _bind(self) -> None:
+        from exporter.exposition.server import serve_http
+        host, port, _ = _parse_listen(self._listen)
+        httpd = serve_http(host, port, self._app, self._web)
+        with self._lock:
+            if self._closed.is_set():
+                httpd.shutdown()
+            else:
+                self.httpd = httpd
+
+    def _retry(self) -> None:
+        while not self._closed.wait(LISTEN_RETRY_SECONDS):
+            try:
+                self._bind()
+                log.warning("listening on %s at last", self._listen)
+                return
+            except OSError as e:
+                log.debug("still cannot listen on %s: %s", self._listen, e)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._closed.set()
+            if self.httpd is not None:
+                self.httpd.shutdown()
+
+
+def _serve(exporter: Exporter, listen: str, loop, gpu: GpuService | None = None, web: WebConfig | None = None,
+           *, retry_listen: bool = False) -> int:
+    """Serves while `loop(stop)` reads, in a thread of its own: a read that blocks (a FIFO, a hung mount) never
+    holds the process past SIGTERM (STOP_GRACE_SECONDS), nor a scrape (the loop reads without the state lock)."""
+    listener = _Listener(exporter, listen, gpu, web, retry_listen)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     if gpu is not None:
         gpu.start()
+    outcome: dict[str, Any] = {}
+
+    def reading() -> None:
+        try:
+            outcome["code"] = loop(stop)
+        except BaseException as e:  # handed to the main thread, which raises it
+            outcome["error"] = e
+
+    worker = threading.Thread(target=reading, name="ingest", daemon=True)
+    worker.start()
     try:
-        return loop(stop) or 0
+        while worker.is_alive() and not stop.is_set():
+            stop.wait(0.5)
+        worker.join(STOP_GRACE_SECONDS)
+        if worker.is_alive():
+            log.warning("reading the logs did not end within %.0fs of the stop (a read that hangs?); exiting "
+                        "without it", STOP_GRACE_SECONDS)
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome.get("code") or 0
     finally:
-        httpd.shutdown()
+        listener.shutdown()
         if gpu is not None:
             gpu.stop()
 
@@ -450,19 +524,57 @@ def _web(args: argparse.Namespace) -> WebConfig | None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from exporter.sources.stdin import StdinReader
+    stdin = None
+    if "-" in args.logs:  # the trainer's pipe: copied before anything here can fail, and whatever fails after
+        stdin = StdinReader(tee_fd=sys.stdout.fileno()).start()
+        setup = _until_up("serve", lambda: _serve_setup(args, stdin), lambda: stdin.wait(0))
+    else:
+        setup = _serve_setup(args, None)
+    exporter, listen, gpu, web = setup
+    try:
+        return _serve(exporter, listen, _resilient(exporter.follow_forever), gpu, web, retry_listen=stdin is not None)
+    finally:
+        if stdin is not None and stdin.feed is not None:
+            stdin.feed.stop()
+
+
+def _serve_setup(args: argparse.Namespace, stdin) -> tuple[Exporter, str, GpuService | None, WebConfig | None]:
     cfg = load_config(args.config)
     web = _web(args)
     specs = _specs(cfg, args.logs, args.run, args.format, gpu_only=True)
     exporter = Exporter(cfg, [])
     for spec in specs:  # standard input is copied to standard output: the pod log stays whole
-        exporter.add_input(spec, StdinReader(tee_fd=sys.stdout.fileno()) if spec.path == "-" else None)
+        exporter.add_input(spec, stdin if spec.path == "-" and stdin is not None else None)
     if not specs:  # a GPU-only sidecar (the other ranks of a multi-node run): the run's series, its GPUs, no records
         exporter.run_state(args.run or cfg.run)
         log.info("no log: serving run %s's GPUs only", args.run or cfg.run)
     exporter.stop_signal = _stop_signal(cfg)
     listen = args.listen_address or cfg.listen_address
     _parse_listen(listen)
-    return _serve(exporter, listen, _resilient(exporter.follow_forever), _gpu_sampler(cfg, args.no_gpu), web)
+    return exporter, listen, _gpu_sampler(cfg, args.no_gpu), web
+
+
+def _until_up(command: str, attempt, gone, first_wait: float = 5.0, max_wait: float = 60.0):
+    """`attempt()` until it returns, while a trainer's output passes through: each failure is logged loudly and
+    retried (a config fixed meanwhile is taken). Once `gone()` (nothing left to pass through), the last failure
+    ends the command as it would have at start."""
+    wait = first_wait
+    while True:
+        try:
+            return attempt()
+        except (UsageError, ConfigError) as e:
+            error: Exception = e
+        except Exception as e:  # an exporter bug: still never the trainer's output
+            log.exception("%s: the exporter failed to start", command)
+            error = e
+        if gone():
+            raise error
+        log.error("%s: the exporter cannot start: %s; the trainer's output passes through unchanged meanwhile; "
+                  "retrying in %.0fs", command, error, wait)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and not gone():
+            time.sleep(0.2)
+        wait = min(wait * 2, max_wait)
 
 
 def _resilient(follow):
@@ -492,36 +604,153 @@ def _child_run_name(argv: list[str]) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from exporter.sources.child import FORWARDED_SIGNALS, ChildOutput, run_child
-    cfg = load_config(args.config)
-    web = _web(args)
+    """The trainer first: it starts before anything of the exporter, which comes up beside it (a bad config, a
+    taken port, an exporter bug are logged and retried while the trainer's output passes through unchanged); the
+    exit status is the trainer's."""
+    from exporter.sources.child import FORWARDED_SIGNALS, ChildOutput
     if args.linger < 0:
         raise UsageError("--linger must be 0 or more seconds")
-    _check_run_label(args.run)
-    # --run names the trainer's run here; a --log beside it is named by its file (or by the config)
-    child_spec = LogSpec("-", args.run or cfg.run or _child_run_name(args.child), args.format)
-    specs = _specs(cfg, args.logs, None, args.format, child=child_spec)
-    listen = args.listen_address or cfg.listen_address
-    _parse_listen(listen)
-    launch = Launch(child_spec.run)  # a feed the trainer writes beside its console joins its run (launch.py)
-    exporter = Exporter(cfg, specs[1:], launch)
-    exporter.stop_signal = _stop_signal(cfg)
-    exporter.run_state(child_spec.run)  # scraped from the start, before the trainer is
+    stop, ended = threading.Event(), threading.Event()  # ended: the trainer's output was all read
+    started: list = []
+    early: list[int] = []  # signals that came before the trainer was there to take them
 
-    def loop(stop: threading.Event) -> int:
-        os.environ[LAUNCH_ENV] = launch.token  # the trainer's, for its TRL callback
-        try:  # started once the address is bound: a port taken or a bad web config never starts the trainer
-            child = ChildOutput(args.child)
-        except OSError as e:
-            raise UsageError(f"cannot start {args.child[0]}: {e.strerror or e}") from None
-        with exporter.lock:
-            exporter.add_input(child_spec, child, first=True)
-        log.info("run: trainer started (pid %d), its output read as run %s", child.pid, child_spec.run)
-        for sig in FORWARDED_SIGNALS:
-            signal.signal(sig, lambda signum, _frame: (child.forward(signum), stop.set()))
-        return run_child(child, exporter.poll_once, stop, min(cfg.poll_interval_seconds, 0.25), args.linger)
+    def forward(signum: int, _frame) -> None:
+        if started:
+            started[0].forward(signum)
+        else:
+            early.append(signum)
+        stop.set()
+    # the token the trainer's feed will carry (launch.py): in its environment before it starts, so a feed the
+    # trainer writes beside its console joins its run
+    token = secrets.token_hex(8)
+    os.environ[LAUNCH_ENV] = token
 
-    return _serve(exporter, listen, loop, _gpu_sampler(cfg, args.no_gpu), web)
+    for sig in FORWARDED_SIGNALS:  # before the trainer starts: it may print and be signalled at once
+        signal.signal(sig, forward)
+    try:
+        child = ChildOutput(args.child, relay_log=True)
+    except OSError as e:
+        raise UsageError(f"cannot start {args.child[0]}: {e.strerror or e}") from None
+    started.append(child)
+    for signum in early:
+        child.forward(signum)
+    _relay_log(child.feed.log_fd)
+    log.info("run: trainer started (pid %d)", child.pid)
+    side: dict[str, Any] = {"setup_done": threading.Event()}
+    exporter_side = threading.Thread(target=_run_exporter, args=(args, child, ended, side, token), name="exporter",
+                                     daemon=True)
+    exporter_side.start()
+    try:
+        status = child.exit_status()  # the handlers forward our signals meanwhile
+        if not child.wait_output(5.0):
+            log.warning("the trainer exited but a process it started still holds its output open; not waiting for it")
+        ended.set()
+        # its setup (imports, config) first: ended now, it reads what the trainer left and stops; a thread left
+        # inside an import at the interpreter's exit can hang it
+        grace = STOP_GRACE_SECONDS if stop.is_set() else SETUP_GRACE_SECONDS  # a signal: be quick
+        side["setup_done"].wait(grace)
+        exporter_side.join(grace)
+        if "listener" in side and args.linger:  # keep serving for a last scrape
+            stop.clear()
+            stop.wait(args.linger)
+        return status
+    finally:
+        ended.set()
+        if "listener" in side:
+            side["listener"].shutdown()
+        if "gpu" in side:
+            side["gpu"].stop()
+        child.feed.stop()
+
+
+def _run_exporter(args: argparse.Namespace, child, ended: threading.Event, side: dict[str, Any], token: str) -> None:
+    """`run`'s exporter, in its own thread: set up (retried), listen (retried), then read the trainer's output
+    until it `ended`. Nothing here can stop or slow the trainer: its output is the copier's."""
+
+    def setup():
+        cfg = load_config(args.config)
+        web = _web(args)
+        _check_run_label(args.run)
+        # --run names the trainer's run here; a --log beside it is named by its file (or by the config)
+        child_spec = LogSpec("-", args.run or cfg.run or _child_run_name(args.child), args.format)
+        specs = _specs(cfg, args.logs, None, args.format, child=child_spec)
+        listen = args.listen_address or cfg.listen_address
+        _parse_listen(listen)
+        exporter = Exporter(cfg, specs[1:], Launch(child_spec.run, token))  # the feed of this launch: one run
+        exporter.stop_signal = _stop_signal(cfg)
+        exporter.add_input(child_spec, child, first=True)
+        gpu = _gpu_sampler(cfg, args.no_gpu)
+        return exporter, _Listener(exporter, listen, gpu, web, retry=True), gpu, child_spec, cfg
+
+    try:
+        exporter, side["listener"], gpu, child_spec, cfg = _until_up("run", setup, ended.is_set)
+    except Exception as e:
+        log.error("run: the exporter cannot start (%s); the trainer ran without it", e)
+        return
+    finally:
+        side["setup_done"].set()
+    if gpu is not None:
+        side["gpu"] = gpu
+        gpu.start()
+    log.info("run: the trainer's output read as run %s", child_spec.run)
+    interval = min(cfg.poll_interval_seconds, 0.25)
+    failures = 0
+    while True:
+        last = ended.is_set()  # after the trainer's output ended: what is left, then stop
+        try:
+            exporter.poll_once()
+        except Exception:  # a parsing bug costs metrics, never the trainer's output or its exit status
+            failures += 1
+            if failures == 1:
+                log.exception("ingest failed; the trainer's output still passes through (further failures are "
+                              "only counted)")
+        if exporter.catching_up:
+            ended.wait(0.002)  # let a waiting scrape take the lock
+            continue
+        if last:
+            return
+        ended.wait(interval)
+
+
+class _RelayStream:
+    """`run`: the exporter's log lines go to the copier, which writes them between the trainer's lines, never
+    inside one. Once it is gone (the trainer's output ended), straight to standard error."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+        os.set_blocking(fd, False)
+        self.dropped = 0
+
+    def write(self, text: str) -> None:
+        if self.fd is not None:
+            try:
+                data = text.encode("utf-8", "replace")
+                n = os.write(self.fd, data)
+                if n < len(data):  # a line longer than the pipe's free room: its rest, however long it takes
+                    os.set_blocking(self.fd, True)
+                    os.write(self.fd, data[n:])
+                    os.set_blocking(self.fd, False)
+                return
+            except BlockingIOError:  # the copier holds enough of ours: this line is dropped, not waited for
+                self.dropped += 1
+                return
+            except OSError:
+                os.close(self.fd)
+                self.fd = None
+        sys.stderr.write(text)
+
+    def flush(self) -> None:
+        if self.fd is None:
+            sys.stderr.flush()
+
+
+def _relay_log(fd: int | None) -> None:
+    if fd is None:
+        return
+    stream = _RelayStream(fd)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.setStream(stream)  # type: ignore[arg-type]
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

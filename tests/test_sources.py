@@ -71,3 +71,19 @@ def test_a_warning_logged_once_per_run_is_state_of_that_run(tmp_path, caplog) ->
             ex.read_to_end()
         said = [r for r in caplog.records if "could not be parsed" in r.getMessage()]
         assert len(said) == 1 and ex.stats["r"].lines["jsonl", "error"] == 2
+
+
+def test_a_symlink_to_a_listed_log_is_read_once(tmp_path) -> None:
+    """The log and a link to it (in another folder, under another name) are one file: one run, its records once."""
+    from conftest import run_cli
+
+    log = tmp_path / "train.log"
+    log.write_bytes(GRPO.read_bytes())
+    (tmp_path / "links").mkdir()
+    link = tmp_path / "links" / "latest.log"
+    link.symlink_to(log)
+    res = run_cli("dump", "--no-gpu", str(log), str(link))
+    assert res.returncode == 0, res.stderr
+    runs = {ln.split('run="')[1].split('"')[0] for ln in res.stdout.decode().splitlines()
+            if ln.startswith("posttrain_step{")}
+    assert runs == {"train"}

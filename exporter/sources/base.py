@@ -28,6 +28,7 @@ class FollowStats:
     resumed: int = 0  # read on after an interruption (a file that came back, a pod log's stream reopened)
     read_errors: int = 0
     bytes_read: int = 0  # bytes, as read from the file, pipe or connection (not characters after decoding)
+    dropped_bytes: int = 0  # a copied stream's bytes skipped for parsing (the parser was behind), never for the log
 
 
 class ChunkReader(Protocol):
@@ -46,13 +47,24 @@ class ChunkReader(Protocol):
 
 
 class Source:
-    """One log bound to its run, driven by the exporter's loop."""
+    """One log bound to its run, driven by the exporter's loop in two halves: `read` does the I/O (opening,
+    stat, reading, fingerprinting: any of it may block, on a FIFO or a hung mount) and runs without the state lock;
+    `ingest` hands what was read to the run, under the lock that scrapes take. `poll` is both, for callers that
+    hold no lock (`dump`, `report`)."""
 
     spec: LogSpec
     follow: FollowStats
 
     def poll(self, timeout: float = 0.0) -> bool:
         """Reads what is new (a stream waits up to `timeout` for it) and ingests it; True when something came."""
+        self.read(timeout)
+        return self.ingest()
+
+    def read(self, timeout: float = 0.0) -> None:
+        """The I/O half of `poll`: what is new is read and held for `ingest`. Never under the state lock."""
+
+    def ingest(self) -> bool:
+        """The state half of `poll`: what `read` held goes to the run; True when something came."""
         raise NotImplementedError
 
     def finish(self) -> None:

@@ -3,167 +3,212 @@
 The child's stdout and stderr are passed through, byte for byte and as they come, to the exporter's own
 stdout and stderr (so the pod log is what it would be without the exporter), and the same bytes, in the
 order they were read from the two pipes (the combined `2>&1` stream, as near as two pipes can tell it),
-are handed to the parser. Pass-through never waits for parsing: it runs in its own thread, and when
-parsing falls more than MAX_PENDING_BYTES behind, chunks are dropped for parsing only (counted in
-`dropped_bytes`), never for the log. A closed stdout or stderr of ours (EPIPE) stops that copy and nothing
-else: the child's pipes are always drained, so the trainer never blocks or dies on a broken pipe because
-of the exporter.
+are handed to the parser. The copy is made by a process of its own (exporter/sources/copier.py), started
+before the trainer: it never waits on parsing, shares neither the exporter's interpreter lock nor its
+memory, and goes on if the exporter fails or dies. When parsing is behind, what does not fit its pipe is
+dropped for parsing only (counted), never for the log.
 
-`ChildOutput` is a ChunkReader (exporter/sources/base.py): `closed` and `poll(timeout) -> list[str]`, so it plugs
-into the exporter (`Exporter.add_input`) as standard input does."""
+`CopierFeed` is the exporter's end of that process and a ChunkReader (exporter/sources/base.py): `closed`
+and `poll(timeout) -> list[str]`, so it plugs into the exporter (`Exporter.add_input`) as a stream does.
+`ChildOutput` is the trainer and its copier."""
 
 from __future__ import annotations
 
 import codecs
 import contextlib
 import logging
+import mmap
 import os
-import queue
-import selectors
+import select
 import signal
+import struct
 import subprocess
-import threading
-import time
+import sys
+import tempfile
 from collections.abc import Sequence
 
-from exporter.sources.base import FollowStats, drain
+import exporter
+from exporter.sources.base import FollowStats
+from exporter.sources.copier import COUNTERS, COUNTERS_SIZE, GAP, HEADER, PIPE_SIZE, set_pipe_size
 
 log = logging.getLogger(__name__)
 
-READ_SIZE = 1 << 16
-MAX_PENDING_BYTES = 64 << 20  # text waiting for the parser; beyond it, new chunks skip parsing (not the log)
+POLL_READ = 1 << 20  # parse-pipe bytes taken by one poll (the pipe holds as much): more waiting, the loop polls again
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(exporter.__file__)))
 
 
-def write_all(fd: int, data: bytes) -> None:
-    """os.write until all of `data` is written (a pipe takes what fits)."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
+class CopierFeed:
+    """Starts the copier on `streams` ((source fd, destination fd or None, tag), tags one byte each), and reads
+    its copy for the parser. The caller closes its own copies of the source fds once this returns. `relay_log`:
+    a pipe for the exporter's own log lines (`log_fd`), written by the copier between the trainer's lines."""
 
-
-class PassThrough:
-    """Copies bytes to one of our own file descriptors. A failed write (EPIPE: nobody reads our output any
-    more, or any other error) stops the copy for good, once logged, and never raises."""
-
-    def __init__(self, fd: int | None, name: str) -> None:
-        self.fd = fd
-        self.name = name
-        self.failed: OSError | None = None
-
-    def write(self, data: bytes) -> None:
-        if self.fd is None or self.failed is not None:
-            return
-        try:
-            write_all(self.fd, data)
-        except OSError as e:
-            self.failed = e
-            log.warning("cannot copy the trainer's output to our %s any more (%s); still reading it", self.name,
-                        e.strerror or e)
-
-
-class PendingText:
-    """Text read from a stream and waiting for the parser, bounded: past `max_pending` characters (parsing far
-    behind the writer) new text is skipped for parsing and counted, never held, so the writer is never
-    slowed down or the exporter's memory grown. `put` from the reading thread; `poll` from the ingest loop."""
-
-    def __init__(self, what: str, max_pending: int = MAX_PENDING_BYTES) -> None:
-        self.what = what
+    def __init__(self, streams: Sequence[tuple[int, int | None, str]], *, relay_log: bool = False,
+                 pipe_size: int = PIPE_SIZE, stats: FollowStats | None = None) -> None:
+        self.stats = stats or FollowStats()
+        self.stats.up = True
         self.closed = False
-        self.dropped_bytes = 0  # read while parsing was too far behind: passed through, not parsed
-        self._max = max_pending
-        self._pending = 0
-        self._lock = threading.Lock()
-        self._q: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self.behind = False  # the last poll left text waiting
+        self._counters_file = tempfile.TemporaryFile()  # noqa: SIM115 (shared with the copier for its life)
+        self._counters_file.truncate(COUNTERS_SIZE)
+        self._counters = mmap.mmap(self._counters_file.fileno(), COUNTERS_SIZE)
+        parse_r, parse_w = os.pipe()
+        set_pipe_size(parse_w, pipe_size)
+        argv = [sys.executable, "-m", "exporter.sources.copier", "--parse", str(parse_w),
+                "--counters", str(self._counters_file.fileno())]
+        keep = [parse_w, self._counters_file.fileno()]
+        dups = []  # the copier's standard input is /dev/null: our own standard input is passed as another fd
+        for src, dst, tag in streams:
+            if src <= 2:
+                src = os.dup(src)
+                dups.append(src)
+            argv += ["--stream", f"{src}:{-1 if dst is None else dst}:{tag}"]
+            keep += [src] + ([dst] if dst is not None and dst > 2 else [])
+        log_r = None
+        self.log_fd: int | None = None
+        if relay_log:
+            log_r, self.log_fd = os.pipe()
+            argv += ["--log", str(log_r)]
+            keep.append(log_r)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")])))
+        try:  # its own process group: a terminal's Ctrl-C is for the exporter and the trainer, not the copy
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, pass_fds=keep, env=env, process_group=0)
+        finally:
+            for fd in [parse_w, *dups]:
+                os.close(fd)
+            if log_r is not None:
+                os.close(log_r)
+        self._fd = parse_r
+        os.set_blocking(parse_r, False)
+        self._buf = bytearray()
+        self._decoders: dict[bytes, codecs.IncrementalDecoder] = {}
+        self.gaps = 0
 
-    def put(self, text: str) -> None:
-        if not text:
-            return
-        with self._lock:
-            behind = self._pending + len(text) > self._max
-            if not behind:
-                self._pending += len(text)
-        if behind:
-            if not self.dropped_bytes:
-                log.warning("parsing is more than %d MiB behind %s; skipping it for parsing until it catches up "
-                            "(the pass-through is whole)", self._max >> 20, self.what)
-            self.dropped_bytes += len(text.encode("utf-8", "replace"))
-            return
-        self._q.put(text)
+    def counter(self, name: str) -> int:
+        return struct.unpack_from("<Q", self._counters, 8 * COUNTERS.index(name))[0]
 
-    def end(self) -> None:
-        self._q.put(None)
+    @property
+    def dropped_bytes(self) -> int:
+        return self.counter("parse_dropped_bytes")
+
+    @property
+    def bytes_read(self) -> int:
+        return self.counter("bytes_read")
 
     def poll(self, timeout: float = 0.0) -> list[str]:
-        """What is waiting (blocking up to `timeout` for the first piece); `closed` once the stream ended."""
-        out, ended = drain(self._q, timeout)
-        self.closed = self.closed or ended
-        with self._lock:
-            self._pending -= sum(map(len, out))
-        return out
+        """The text the copier offered since the last poll (up to POLL_READ bytes of it), waiting up to `timeout`
+        for the first piece; `closed` once the copier ended and everything was handed out."""
+        if self.closed:
+            return []
+        if timeout:
+            select.select([self._fd], [], [], timeout)
+        ended, budget = False, POLL_READ
+        while budget > 0:
+            try:
+                data = os.read(self._fd, min(budget, 1 << 20))
+            except BlockingIOError:
+                break
+            if not data:
+                ended = True
+                break
+            self._buf += data
+            budget -= len(data)
+        self.behind = budget <= 0
+        text = self._frames()
+        self.stats.bytes_read, self.stats.dropped_bytes = self.bytes_read, self.dropped_bytes
+        if ended:
+            text += "".join(d.decode(b"", final=True) for d in self._decoders.values())
+            self.closed, self.stats.up = True, False
+            os.close(self._fd)
+        return [text] if text else []
+
+    def _frames(self) -> str:
+        pieces, i, buf = [], 0, self._buf
+        while len(buf) - i >= HEADER.size:
+            tag, n = HEADER.unpack_from(buf, i)
+            if len(buf) - i - HEADER.size < n:
+                break
+            payload = bytes(buf[i + HEADER.size:i + HEADER.size + n])
+            i += HEADER.size + n
+            if tag == GAP:  # text was dropped here: what is before and after it are not one line
+                pieces += [d.decode(b"", final=True) for d in self._decoders.values()]
+                pieces.append("\n")
+                self.gaps += 1
+                continue
+            decoder = self._decoders.get(tag)
+            if decoder is None:  # one per stream: a character cut between two reads of one pipe is joined
+                decoder = self._decoders[tag] = codecs.getincrementaldecoder("utf-8")("replace")
+            pieces.append(decoder.decode(payload))
+        del buf[:i]
+        return "".join(pieces)
+
+    def wait(self, timeout: float) -> bool:
+        """True once the copier ended (its streams closed: every byte passed through), within `timeout`."""
+        try:
+            self.proc.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def stop(self) -> None:
+        """The exporter ends: a copier still held by a process the trainer left behind ends with it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 class ChildOutput:
-    """Starts `argv` with its stdout and stderr on pipes; reads both in a thread that passes them through and
-    queues the text for `poll`."""
+    """The trainer, started with its stdout and stderr on pipes that the copier alone reads."""
 
     def __init__(self, argv: Sequence[str], stdout_fd: int | None = 1, stderr_fd: int | None = 2,
-                 max_pending: int = MAX_PENDING_BYTES) -> None:
-        # Its own process group: a terminal's Ctrl-C reaches the exporter alone, which forwards it once.
-        self.proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
-                                     process_group=0)
-        self.stats = FollowStats(up=True)
-        self.text = PendingText("the trainer's output", max_pending)
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        self._outs = {self.proc.stdout.fileno(): PassThrough(stdout_fd, "stdout"),
-                      self.proc.stderr.fileno(): PassThrough(stderr_fd, "stderr")}
-        # One decoder per pipe: a character cut between two reads of one pipe is joined, never mixed with the other.
-        self._decoders = {fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in self._outs}
-        self._thread = threading.Thread(target=self._pump, name="trainer-output", daemon=True)
-        self._thread.start()
+                 max_pending: int = PIPE_SIZE, relay_log: bool = False) -> None:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            set_pipe_size(out_w)
+            set_pipe_size(err_w)
+            # the copier first: from the trainer's first byte, something reads its pipes
+            self.feed = CopierFeed([(out_r, stdout_fd, "o"), (err_r, stderr_fd, "e")], relay_log=relay_log,
+                                   pipe_size=max_pending)
+        except BaseException:
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
+            raise
+        os.close(out_r)
+        os.close(err_r)
+        try:  # its own process group: a terminal's Ctrl-C reaches the exporter alone, which forwards it once
+            self.proc = subprocess.Popen(list(argv), stdout=out_w, stderr=err_w, bufsize=0, process_group=0)
+        finally:
+            os.close(out_w)  # the copier sees their end when the trainer (and whatever it started) closes them
+            os.close(err_w)
+        self.stats = self.feed.stats
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    def _pump(self) -> None:
-        sel = selectors.DefaultSelector()
-        for fd in self._outs:
-            sel.register(fd, selectors.EVENT_READ)
-        try:
-            while sel.get_map():
-                for key, _ in sel.select():
-                    fd = key.fd
-                    try:
-                        data = os.read(fd, READ_SIZE)
-                    except OSError:
-                        data = b""
-                    if not data:
-                        sel.unregister(fd)
-                        self.text.put(self._decoders[fd].decode(b"", final=True))
-                        continue
-                    self._outs[fd].write(data)  # first the log, whatever parsing does
-                    self.stats.bytes_read += len(data)
-                    self.text.put(self._decoders[fd].decode(data))
-        finally:
-            sel.close()
-            self.text.end()
-
     @property
     def bytes_read(self) -> int:
-        return self.stats.bytes_read
+        return self.feed.bytes_read
 
     @property
     def closed(self) -> bool:
-        return self.text.closed
+        return self.feed.closed
+
+    @property
+    def behind(self) -> bool:
+        return self.feed.behind
 
     @property
     def dropped_bytes(self) -> int:
-        return self.text.dropped_bytes
+        return self.feed.dropped_bytes
+
+    @property
+    def gaps(self) -> int:
+        return self.feed.gaps
 
     def poll(self, timeout: float = 0.0) -> list[str]:
-        return self.text.poll(timeout)
+        return self.feed.poll(timeout)
 
     def forward(self, signum: int) -> None:
         """Passes a signal we received on to the trainer (once it has exited, there is no one to tell)."""
@@ -173,42 +218,10 @@ class ChildOutput:
 
     def wait_output(self, timeout: float) -> bool:
         """After the trainer exited: wait for its pipes to close (a process it started may still hold them),
-        at most `timeout` seconds. True when all its output was read."""
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        at most `timeout` seconds. True when all its output was passed through."""
+        return self.feed.wait(timeout)
 
     def exit_status(self) -> int:
         """The trainer's exit status as a shell reports it: its code, or 128 + the signal that ended it."""
         code = self.proc.wait()
         return 128 - code if code < 0 else code
-
-
-def run_child(child: ChildOutput, poll_once, stop: threading.Event, interval: float, linger: float = 0.0,
-              output_grace: float = 5.0) -> int:
-    """The `run` loop: ingest while the trainer runs, never letting an ingest failure stop the trainer's
-    output (it is passed through by the reader thread regardless); forward SIGTERM/SIGINT/SIGHUP (set `stop`
-    from the handler and call `child.forward`); return the trainer's exit status once it exited and its
-    output was read."""
-    failures = 0
-    while True:
-        try:
-            poll_once()
-        except Exception:  # a parsing bug costs metrics, never the trainer's output or its exit status
-            failures += 1
-            if failures == 1:
-                log.exception("ingest failed; the trainer's output still passes through (further failures are "
-                              "only counted)")
-        if child.proc.poll() is not None:
-            break
-        stop.wait(interval)
-        stop.clear()
-    if not child.wait_output(output_grace):
-        log.warning("the trainer exited but a process it started still holds its output open; not waiting for it")
-    try:
-        poll_once()
-    except Exception:
-        failures += 1
-    deadline = time.monotonic() + linger
-    while time.monotonic() < deadline:  # keep serving for a last scrape
-        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-    return child.exit_status()

@@ -9,13 +9,21 @@ A file is known by its identity (device and inode) and its fingerprint (its firs
 FINGERPRINT_BYTES, and the last bytes read before the offset reached). A file that was let go (it
 vanished, or a read failed) and comes back is read on from where it was left, never again from its
 start: moved away and back, a brief read error, or the same content put back under a new inode
-(a copy, an rsync) all resume, while a new file that only reuses a freed inode number is read whole."""
+(a copy, an rsync) all resume, while a new file that only reuses a freed inode number is read whole.
+
+A FIFO is read as a stream: opened without waiting for a writer (O_NONBLOCK), never seeked or fingerprinted, and
+held open for as long as the path names it, so that writers come and go without losing a byte (a record sits in
+the pipe until it is read). Anything else that is not a regular file (a device, a socket, a folder) is not
+read: it can never be a log (a character device such as /dev/zero would be read for ever), said once and counted.
+
+Every call here may block (a hung network mount): the exporter calls `poll` without its state lock."""
 
 from __future__ import annotations
 
 import codecs
 import logging
 import os
+import stat
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -64,6 +72,15 @@ class FileFollower:
         self._line_ended = True  # whether the last byte handed out ended a line
         self._last_read: _Mark | None = None  # the file whose bytes were handed out last
         self._warned_missing = False
+        self._fifo: int | None = None  # the FIFO held open (stream mode)
+        self._fifo_key: tuple[int, int] | None = None
+        self._fifo_writer_gone = False  # the last read of the FIFO found no writer (end of a stream, for `dump`)
+        self._refused: int | None = None  # the mode of a path that is neither a file nor a FIFO, said once
+
+    @property
+    def drained(self) -> bool:
+        """A FIFO is drained once its writers are gone (`dump` reads it to that end); a file always is."""
+        return self._fifo is None or self._fifo_writer_gone
 
     def poll(self) -> Iterator[str]:
         """Everything new since the last poll, decoded, one chunk at a time (a large existing log is
@@ -80,6 +97,13 @@ class FileFollower:
                     self._warned_missing = True
                 self.stats.up = False
                 return
+            if stat.S_ISFIFO(st.st_mode) or self._fifo is not None:
+                yield from self._poll_fifo(st)
+                return
+            if not stat.S_ISREG(st.st_mode):
+                yield from self._refuse(st)
+                return
+            self._refused = None
             if self._mark is not None and (st.st_dev, st.st_ino) != self._mark.key:
                 yield from self._drain()  # rotated: finish the old file, then take the new one
                 self._release()
@@ -94,6 +118,61 @@ class FileFollower:
 
     def close(self) -> None:
         self._release()
+        self._close_fifo()
+
+    # --- a FIFO: a stream ---------------------------------------------------------------------------
+
+    def _poll_fifo(self, st: os.stat_result) -> Iterator[str]:
+        if self._fifo is not None and (st.st_dev, st.st_ino) != self._fifo_key:
+            yield from self._read_fifo()  # the path names something else now: what the old FIFO holds still counts
+            self._close_fifo()
+            yield from self._end_previous()
+            if not stat.S_ISFIFO(st.st_mode):
+                return  # the next poll reads what took the path
+        if self._fifo is None:
+            if self._fd is not None:  # a file was followed at this path: it was replaced by a FIFO
+                yield from self._drain()
+                self._release()
+            # O_NONBLOCK: a FIFO without a writer would block the open until one comes
+            self._fifo = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+            self._fifo_key = (st.st_dev, st.st_ino)
+            self._warned_missing = False
+            log.info("%s is a FIFO: read as a stream", self.path)
+        self.stats.up = True
+        yield from self._read_fifo()
+
+    def _read_fifo(self) -> Iterator[str]:
+        assert self._fifo is not None
+        while True:
+            try:
+                data = os.read(self._fifo, READ_CHUNK)
+            except BlockingIOError:  # a writer, nothing written yet
+                self._fifo_writer_gone = False
+                return
+            if not data:  # no writer now: the FIFO stays open for the next one
+                self._fifo_writer_gone = True
+                return
+            self._fifo_writer_gone = False
+            self.stats.bytes_read += len(data)
+            self._line_ended = data[-1:] in (b"\n", b"\r")
+            yield self._decoder.decode(data)
+
+    def _close_fifo(self) -> None:
+        if self._fifo is not None:
+            os.close(self._fifo)
+        self._fifo, self._fifo_key = None, None
+
+    def _refuse(self, st: os.stat_result) -> Iterator[str]:
+        """Not a file and not a FIFO: never read (a device would be read for ever, a folder cannot be)."""
+        if self._fd is not None:  # the file that had the path before: its last text still counts
+            yield from self._drain()
+            self._release()
+        if self._refused != stat.S_IFMT(st.st_mode):
+            self._refused = stat.S_IFMT(st.st_mode)
+            self.stats.read_errors += 1
+            log.warning("%s is %s, not a log file: not read (give a file, a FIFO or '-')", self.path,
+                        describe_mode(st.st_mode))
+        self.stats.up = False
 
     # --- opening: resume a known file, or start one ---------------------------------------------
 
@@ -210,6 +289,16 @@ class FileFollower:
         self.stats.read_errors += 1
         self.stats.up = False
         self._release()
+
+
+def describe_mode(mode: int) -> str:
+    """What a path is, in words, for the messages that refuse it."""
+    for test, words in ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISFIFO, "a FIFO"),
+                        (stat.S_ISREG, "a file")):
+        if test(mode):
+            return words
+    return "not a file"
 
 
 def _read_at(fd: int, n: int, offset: int) -> bytes:

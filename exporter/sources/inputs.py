@@ -17,7 +17,7 @@ from exporter.sources.trainer_state import TrainerStateReader
 
 # A record printed before its progress-bar redraw waits at most this long for it.
 REDRAW_WAIT_SECONDS = 2.0
-# Text read from one file per poll while the lock is held: about 0.1 s of work, so a scrape waits no longer.
+# Text ingested from one file per poll while the lock is held: about 0.1 s of work, so a scrape waits no longer.
 POLL_BYTES = 4 << 20
 
 
@@ -32,24 +32,35 @@ class FileInput(Source):
         self.follow = self.follower.stats
         self._chunks: Iterator[str] | None = None  # the new text not read yet, when a poll stopped short
         self._behind = False
+        self._got: list[str] = []  # read, not ingested yet
 
     @property
     def catching_up(self) -> bool:
         return self._behind
 
-    def poll(self, timeout: float = 0.0) -> bool:
+    @property
+    def drained(self) -> bool:
+        return not self._behind and self.follower.drained
+
+    def read(self, timeout: float = 0.0) -> None:
         if self._chunks is None:
             self._chunks = self.follower.poll()
-        read = 0
+        size = 0
         for chunk in self._chunks:
-            self.stream.feed(chunk)
-            read += len(chunk)
-            if read >= POLL_BYTES:
+            self._got.append(chunk)
+            size += len(chunk)
+            if size >= POLL_BYTES:
                 self._behind = True
-                return True
+                return
         self._chunks, self._behind = None, False
-        self.stream.settle(REDRAW_WAIT_SECONDS)
-        return read > 0
+
+    def ingest(self) -> bool:
+        got, self._got = self._got, []
+        for chunk in got:
+            self.stream.feed(chunk)
+        if not self._behind:
+            self.stream.settle(REDRAW_WAIT_SECONDS)
+        return bool(got)
 
     def finish(self) -> None:
         self.stream.finish()
@@ -64,9 +75,13 @@ class StreamInput(Source):
         self.reader = reader
         self.follow = reader.stats  # the reader counts its bytes (undecoded) and its own health
         self._finished = False
+        self._got: list[str] = []
 
-    def poll(self, timeout: float = 0.0) -> bool:
-        chunks = self.reader.poll(timeout)
+    def read(self, timeout: float = 0.0) -> None:
+        self._got += self.reader.poll(timeout)
+
+    def ingest(self) -> bool:
+        chunks, self._got = self._got, []
         for c in chunks:
             self.stream.feed(c)
         if self.reader.closed:
@@ -85,6 +100,10 @@ class StreamInput(Source):
     def drained(self) -> bool:
         return self.reader.closed
 
+    @property
+    def catching_up(self) -> bool:
+        return bool(getattr(self.reader, "behind", False))  # the copier's pipe held more than one poll takes
+
 
 class TrainerStateInput(Source):
     def __init__(self, spec: LogSpec, run: RunState, stats: IngestStats) -> None:
@@ -93,13 +112,20 @@ class TrainerStateInput(Source):
         self.stats = stats
         self.reader = TrainerStateReader(spec.path)
         self.follow = FollowStats()
+        self._records: list[Record] = []
+        self._failed: list[str] = []  # a whole read that failed, by reason
 
-    def poll(self, timeout: float = 0.0) -> bool:
+    def read(self, timeout: float = 0.0) -> None:
         try:
-            records = self.reader.poll()
+            self._records += self.reader.poll()
         except ParseError as e:
-            self._error(e.reason, 1)
-            records = []
+            self._failed.append(e.reason)
+
+    def ingest(self) -> bool:
+        records, self._records = self._records, []
+        for reason in self._failed:
+            self._error(reason, 1)
+        self._failed.clear()
         for reason, n in self.reader.entry_errors.items():
             self._error(reason, n)
         self.reader.entry_errors.clear()
@@ -125,11 +151,15 @@ class TensorBoardInput(Source):
         self.stats = stats
         self.reader = TensorBoardReader(spec.path)
         self.follow = FollowStats()
+        self._records: list[Record] = []
 
-    def poll(self, timeout: float = 0.0) -> bool:
-        records = self.reader.poll()
+    def read(self, timeout: float = 0.0) -> None:
+        self._records += self.reader.poll()
         if not self.reader.grew:
-            records += self.reader.finish()
+            self._records += self.reader.finish()
+
+    def ingest(self) -> bool:
+        records, self._records = self._records, []
         self.follow.up = self.reader.up
         self._ingest(records)
         return bool(records)
@@ -169,12 +199,14 @@ class PendingInput(Source):
     def drained(self) -> bool:
         return self._chosen is None or self._chosen.drained
 
-    def poll(self, timeout: float = 0.0) -> bool:
+    def read(self, timeout: float = 0.0) -> None:
         if self._chosen is None:
-            self._chosen = self._choose(self.spec)
-            if self._chosen is None:
-                return False
-        return self._chosen.poll(timeout)
+            self._chosen = self._choose(self.spec)  # looks at the path (I/O): outside the lock
+        if self._chosen is not None:
+            self._chosen.read(timeout)
+
+    def ingest(self) -> bool:
+        return self._chosen is not None and self._chosen.ingest()
 
     def finish(self) -> None:
         if self._chosen is not None:

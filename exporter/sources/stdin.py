@@ -1,60 +1,73 @@
 """Standard input as a log stream: `python train.py 2>&1 | posttrain-exporter serve --log -`.
 
-With `tee_fd` (serve sets it to standard output) every byte read is also written there, unchanged, so the
-trainer's output still reaches the pod log. A closed downstream (EPIPE) stops the copy, never the reading:
-the trainer upstream must not die of a broken pipe because nobody reads the exporter's output."""
+With `tee_fd` (serve sets it to standard output) the copier process (exporter/sources/copier.py) reads our input and
+writes every byte to `tee_fd`, unchanged, so the trainer's output still reaches the pod log whatever the exporter
+does (fails to listen, parses slowly, dies): a closed downstream (EPIPE) stops the copy, never the reading, and the
+trainer upstream never dies of a broken pipe because of us. The copier starts before anything else of `serve`.
+
+Without `tee_fd` (`dump -`, `report -`) the input is read here, in `poll`, whole: nothing is dropped."""
 
 from __future__ import annotations
 
 import codecs
-import logging
 import os
-import threading
+import select
 
 from exporter.sources.base import FollowStats
-from exporter.sources.child import MAX_PENDING_BYTES, PassThrough, PendingText
+from exporter.sources.child import CopierFeed
+from exporter.sources.copier import PIPE_SIZE
 
-log = logging.getLogger(__name__)
+READ_SIZE = 1 << 20
 
 
 class StdinReader:
-    def __init__(self, fd: int = 0, tee_fd: int | None = None, max_pending: int = MAX_PENDING_BYTES) -> None:
+    def __init__(self, fd: int = 0, tee_fd: int | None = None, max_pending: int = PIPE_SIZE) -> None:
         self._fd = fd
-        self.tee = PassThrough(tee_fd, "stdout")
-        self.text = PendingText("standard input", max_pending)
-        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._tee = tee_fd
+        self._pipe_size = max_pending
+        self.feed: CopierFeed | None = None
         self.stats = FollowStats(up=True)
-        self._thread: threading.Thread | None = None
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._closed = False
 
     def start(self) -> StdinReader:
-        """Starts reading (the first poll does it too): a reader built but replaced before use reads nothing."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._pump, name="stdin-reader", daemon=True)
-            self._thread.start()
+        """Starts the copier (with `tee_fd`; the first poll does it too)."""
+        if self._tee is not None and self.feed is None:
+            self.feed = CopierFeed([(self._fd, self._tee, "i")], pipe_size=self._pipe_size, stats=self.stats)
+            # Only the copier reads our input from now on: were it gone, the writer upstream would be told so.
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, self._fd)
+            os.close(devnull)
         return self
-
-    def _pump(self) -> None:
-        while True:
-            try:
-                data = os.read(self._fd, 1 << 16)
-            except OSError:
-                data = b""
-            if not data:
-                self.text.put(self._decoder.decode(b"", final=True))
-                self.text.end()
-                return
-            self.tee.write(data)
-            self.stats.bytes_read += len(data)
-            self.text.put(self._decoder.decode(data))
 
     def poll(self, timeout: float = 0.0) -> list[str]:
         self.start()
-        return self.text.poll(timeout)
+        if self.feed is not None:
+            return self.feed.poll(timeout)
+        if self._closed or not select.select([self._fd], [], [], timeout)[0]:
+            return []
+        try:
+            data = os.read(self._fd, READ_SIZE)
+        except OSError:
+            data = b""
+        if not data:
+            self._closed = True
+            return [self._decoder.decode(b"", final=True)]
+        self.stats.bytes_read += len(data)
+        return [self._decoder.decode(data)]
 
     @property
     def closed(self) -> bool:
-        return self.text.closed
+        return self.feed.closed if self.feed is not None else self._closed
+
+    @property
+    def behind(self) -> bool:
+        return self.feed is not None and self.feed.behind
 
     @property
     def dropped_bytes(self) -> int:
-        return self.text.dropped_bytes
+        return self.feed.dropped_bytes if self.feed is not None else 0
+
+    def wait(self, timeout: float) -> bool:
+        """True once every byte of our input was passed through (the copier ended), within `timeout`."""
+        return self.feed is None or self.feed.wait(timeout)
