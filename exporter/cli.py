@@ -431,9 +431,11 @@ class _Listener:
         self._listen, self._closed = listen, threading.Event()
         self._lock = threading.Lock()
         self.httpd = None
-        from exporter.exposition.server import build_app
-        self._app = build_app(_registry(exporter, True, gpu), lambda: exporter.heartbeat,
-                              lambda: exporter.catching_up, exporter.verdict)
+        from exporter.exposition.server import RefusalCollector, build_app
+        registry = _registry(exporter, True, gpu)
+        self._refusals = RefusalCollector()
+        registry.register(self._refusals)  # type: ignore[arg-type]
+        self._app = build_app(registry, lambda: exporter.heartbeat, lambda: exporter.catching_up, exporter.verdict)
         self._web = web
         try:
             self._bind()
@@ -453,7 +455,7 @@ class _Listener:
             if self._closed.is_set():
                 httpd.shutdown()
             else:
-                self.httpd = httpd
+                self.httpd = self._refusals.server = httpd
 
     def _retry(self) -> None:
         while not self._closed.wait(LISTEN_RETRY_SECONDS):

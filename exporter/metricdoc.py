@@ -10,6 +10,7 @@ from exporter.app import Exporter
 from exporter.config import Config
 from exporter.detectors.catalog import DETECTORS
 from exporter.exposition.collector import ExporterCollector
+from exporter.exposition.server import RefusalCollector
 from exporter.instruments.families import FAMILIES
 from exporter.instruments.keymap import INSTRUMENTS, KEY_RULES
 from exporter.parsers.record import Record
@@ -35,8 +36,9 @@ def _sample_exporter() -> Exporter:
 
 def _families() -> list[tuple[str, str, str, list[str]]]:
     out = []
-    for fam in ExporterCollector(_sample_exporter()).collect():
-        labels: set[str] = set()
+    # the server's own family too (the sample exporter serves nothing, so its refusals have no samples)
+    for fam in [*ExporterCollector(_sample_exporter()).collect(), *RefusalCollector().collect()]:
+        labels: set[str] = set(getattr(fam, "_labelnames", ()))  # declared, also where no sample shows them
         for s in fam.samples:
             labels |= set(s.labels)
         name = fam.name + ("_total" if fam.type == "counter" else "")

@@ -7,6 +7,7 @@ own log lines never land inside a trainer's line."""
 from __future__ import annotations
 
 import os
+import re
 import resource
 import socket
 import subprocess
@@ -216,9 +217,10 @@ def test_a_brief_write_failure_of_stdout_is_retried_not_given_up_for_good(tmp_pa
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, resource.RLIM_INFINITY))
 
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    port = free_port()
     try:
         p = subprocess.Popen(exporter_cmd("--log-level", "error", "run", "--no-gpu", "--web.listen-address",
-                                          f"127.0.0.1:{free_port()}", "--", *trainer(body)), cwd=REPO, stdout=fd,
+                                          f"127.0.0.1:{port}", "--", *trainer(body)), cwd=REPO, stdout=fd,
                              stderr=subprocess.PIPE, preexec_fn=limit)
     finally:
         os.close(fd)
@@ -227,6 +229,17 @@ def test_a_brief_write_failure_of_stdout_is_retried_not_given_up_for_good(tmp_pa
         while time.monotonic() < deadline and out.stat().st_size < (64 << 10) - 200:
             time.sleep(0.05)
         time.sleep(2.0)  # writes fail now, for longer than a chunk is retried: chunks are dropped
+        # ... and the loss is counted where the operator looks (the records themselves still reached the parser)
+        lost = re.compile(r'^posttrain_exporter_source_dropped_bytes_total\{[^}]*reason="output_failed"[^}]*\} '
+                          r'([0-9.e+]+)$', re.M)
+        seen, deadline = 0.0, time.monotonic() + 20
+        while not seen and time.monotonic() < deadline:
+            try:
+                body_now = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+                seen = max((float(v) for v in lost.findall(body_now)), default=0.0)
+            except OSError:
+                time.sleep(0.2)
+        assert seen > 0, "bytes the pod log lost are not counted"
         os.truncate(out, 0)  # room again
         room.touch()
         _, err = p.communicate(timeout=60)

@@ -530,6 +530,14 @@ def test_tls_and_basic_auth_through_the_cli(pki, hashed, tmp_path) -> None:
         assert get(f"https://localhost:{port}/metrics", context=ctx)[0] == 401
         assert get(f"https://localhost:{port}/healthz", context=ctx)[0] == 401
         assert get(f"https://localhost:{port}/healthz", basic("prometheus", PASSWORD), context=ctx)[0] == 200
+        # turned away, and counted where the operator looks: a wrong password, a client speaking plain HTTP
+        assert get(f"https://localhost:{port}/metrics", basic("prometheus", "wrong"), context=ctx)[0] == 401
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as plain:
+            plain.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            plain.recv(100)
+        body = wait_body(f"https://localhost:{port}/metrics", 'reason="tls_handshake"} 1.0', context=ctx,
+                         headers=basic("prometheus", PASSWORD))
+        assert 'posttrain_exporter_http_refused_total{reason="wrong_password"} 1.0' in body
     finally:
         p.terminate()
         assert p.wait(10) == 0, p.stderr.read().decode()

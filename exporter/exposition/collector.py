@@ -245,8 +245,16 @@ class ExporterCollector(Collector):
                                           labels=["run", "path"])
         read_bytes = CounterMetricFamily(p + "source_read_bytes", "Bytes read from a log source, as read (before "
                                          "decoding).", labels=["run", "path"])
+        # right, or loud: what a copied stream (run's trainer, serve --log -) could not pass on, by where it was lost
+        dropped_bytes = CounterMetricFamily(p + "source_dropped_bytes", "Bytes of a copied stream (the trainer's "
+                                            "output through run or serve --log -) that were not read: reason "
+                                            "parser_behind (the exporter fell behind; the copy to the log still "
+                                            "has them) or output_failed (the copy to standard output failed past "
+                                            "its retries, e.g. disk full).", labels=["run", "path", "reason"])
         for inp in ex.inputs:
             lv = [inp.spec.run, inp.spec.path]
+            dropped_bytes.add_metric([*lv, "parser_behind"], inp.follow.dropped_bytes)
+            dropped_bytes.add_metric([*lv, "output_failed"], inp.follow.output_dropped_bytes)
             up.add_metric(lv, 1.0 if inp.follow.up else 0.0)
             rotations.add_metric(lv, inp.follow.rotations)
             truncations.add_metric(lv, inp.follow.truncations)
@@ -258,7 +266,7 @@ class ExporterCollector(Collector):
         info.add_metric([__version__, REVISION or "unknown", platform.python_version()], 1.0)
         yield from (lines, errors, records, last, dropped, lines_dropped, skipped, disagreements, step_sources, resets,
                     stops)
-        yield from (up, rotations, truncations, resumed, read_errors, read_bytes, info)
+        yield from (up, rotations, truncations, resumed, read_errors, read_bytes, dropped_bytes, info)
 
 
 def _series_order(item: tuple[tuple[str, str | None], object]) -> tuple[str, str]:

@@ -299,8 +299,9 @@ class MetricsServer(WSGIServer):
         self._dual_stack = family == socket.AF_INET6 and host in ("::", "")
         self._tls = ReloadingContext(web.tls, _tls_reload_failed) if web is not None and web.tls else None
         self._allowed_sans = web.tls.client_allowed_sans if web is not None and web.tls else ()
+        self._auth = BasicAuth(app, web.users) if web is not None and web.users else None
         if web is not None:
-            app = with_headers(BasicAuth(app, web.users) if web.users else app, web.headers)
+            app = with_headers(self._auth or app, web.headers)
         super().__init__(sockaddr, _Handler)
         self.set_app(without_body_for_head(app))
         self._connections = threading.Semaphore(MAX_CONNECTIONS)  # open connections, waiting or served
@@ -382,6 +383,14 @@ class MetricsServer(WSGIServer):
                 self.shutdown_request(conn)
             self._connections.release()
 
+    def refusals(self) -> dict[str, int]:
+        """Clients turned away, by reason (posttrain_exporter_http_refused_total): read without a lock, as the
+        counters are ints that one thread each increments."""
+        out = {"tls_handshake": self.tls_failures, "evicted": self._gate.evicted}
+        if self._auth is not None:
+            out |= {"wrong_password": self._auth.failures, "throttled": self._auth.throttled}
+        return out
+
     def _tls_refused(self, why: str) -> None:
         self.tls_failures += 1  # only the gate's thread counts
         log.debug("TLS handshake refused: %s", why)
@@ -411,3 +420,25 @@ def serve_http(host: str, port: int, app: Callable, web: WebConfig | None = None
     httpd = MetricsServer(host, port, app, web).start()
     log.info("serving /metrics on %s/metrics", httpd.url)
     return httpd
+
+
+class RefusalCollector:
+    """posttrain_exporter_http_refused_total{reason}: the clients the server turned away. Registered before the
+    server binds (`run` and `serve --log -` retry a taken port), so it says nothing until `server` is set."""
+
+    def __init__(self) -> None:
+        self.server: MetricsServer | None = None
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        fam = CounterMetricFamily("posttrain_exporter_http_refused", "HTTP clients turned away before a worker "
+                                  "served them, by reason: tls_handshake (failed or refused handshakes), evicted "
+                                  "(waiting connections closed to make room, per-address and half-done handshake "
+                                  "limits), wrong_password (failed basic auth), throttled (answered 429 during a "
+                                  "failed-password back-off or while checks were full).", labels=["reason"])
+        server = self.server
+        if server is not None:
+            for reason, n in server.refusals().items():
+                fam.add_metric([reason], n)
+        yield fam

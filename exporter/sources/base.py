@@ -29,6 +29,7 @@ class FollowStats:
     read_errors: int = 0
     bytes_read: int = 0  # bytes, as read from the file, pipe or connection (not characters after decoding)
     dropped_bytes: int = 0  # a copied stream's bytes skipped for parsing (the parser was behind), never for the log
+    output_dropped_bytes: int = 0  # a copied stream's bytes its copy to standard output could not write (disk full)
 
 
 class ChunkReader(Protocol):

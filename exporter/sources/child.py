@@ -116,6 +116,7 @@ class CopierFeed:
         self.behind = budget <= 0
         text = self._frames()
         self.stats.bytes_read, self.stats.dropped_bytes = self.bytes_read, self.dropped_bytes
+        self.stats.output_dropped_bytes = self.counter("output_dropped_bytes")
         if ended:
             text += "".join(d.decode(b"", final=True) for d in self._decoders.values())
             self.closed, self.stats.up = True, False
