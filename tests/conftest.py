@@ -84,3 +84,55 @@ def exporter_cmd(*args: str) -> list[str]:
 
 def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(exporter_cmd(*args), input=stdin, capture_output=True, timeout=timeout, cwd=REPO)
+
+
+# --- the fast subset: `pytest -m "not slow"` ------------------------------------------------------------------------
+# Tests that take a second or more on a 2-core machine (measured with `pytest --durations=0`): real trainings on CPU,
+# the image build, real Prometheus and Alertmanager, browsers, soaks and floods. CI runs them all; the edit-test loop
+# leaves them out. Whole modules first, then single tests of otherwise quick modules.
+SLOW_MODULES = frozenset({
+    "test_detection", "test_trl_callback", "test_gpu_sources", "test_image", "test_dashboards", "test_packaging",
+    "test_alerting_e2e", "test_multinode", "test_fuzz", "test_trainer_first", "test_blocking_sources",
+})
+SLOW_TESTS = frozenset({
+    "test_captures.py::test_serve_follows_a_renamed_state_and_an_output_folder",
+    "test_conventions.py::test_debug_log_leaves_out_the_file_watchers_internals",
+    "test_conventions.py::test_serve_configured_by_the_environment_alone",
+    "test_dump.py::test_dump_output_passes_promtool_check_metrics",
+    "test_early_stop.py::test_severity_and_detectors_choose_what_stops",
+    "test_early_stop.py::test_the_verdict_endpoint_says_what_the_report_says",
+    "test_feed.py::test_the_verdict_poller_drops_a_stop_that_is_no_longer_about_its_training",
+    "test_helm.py::test_fallback_sidecar_ends_when_its_trainer_is_killed",
+    "test_helm.py::test_fallback_wrapper_stops_the_exporter_when_the_trainer_is_done",
+    "test_helm.py::test_gpu_only_worker_serves_the_run_label_for_real",
+    "test_helm.py::test_web_config_from_a_secret_serves_tls_and_auth_for_real",
+    "test_hostile.py::test_a_read_of_tiny_lines_with_carriage_returns_holds_little_memory",
+    "test_hostile.py::test_serve_after_a_huge_step_scrapes_200_with_the_records_after_it",
+    "test_kubernetes_source.py::test_follows_through_drops_and_equals_a_dump_of_the_file",
+    "test_kubernetes_source.py::test_serve_follows_a_container_and_serves_its_records",
+    "test_report.py::test_a_long_run_reads_in_a_page_summary_first",
+    "test_report.py::test_chart_labels_in_a_browser_neither_overlap_nor_leave_the_chart",
+    "test_report.py::test_progress_on_stderr_only_when_it_is_a_terminal",
+    "test_report.py::test_report_findings_are_what_the_rules_fire",
+    "test_report.py::test_the_html_page_is_self_contained_and_renders_in_a_browser",
+    "test_report.py::test_long_run_charts_read_well",
+    "test_run.py::test_stdin_is_copied_to_stdout_and_a_closed_stdout_does_not_stop_the_reading",
+    "test_run.py::test_trainer_output_is_read_as_its_run",
+    "test_samples.py::test_panels_at_other_widths_and_cut_headers",
+    "test_samples.py::test_the_html_report_shows_the_completions_escaped_in_a_browser",
+    "test_serve.py::test_a_long_history_is_caught_up_on_while_scrapes_and_healthz_answer",
+    "test_serve.py::test_demo_serves_live_metrics_from_the_bundled_log",
+    "test_serve.py::test_stdin_keeps_serving_after_input_ends",
+    "test_web.py::test_cli_serves_on_ipv6_loopback",
+    "test_web.py::test_fifty_concurrent_scrapers_with_slow_clients_holding_connections",
+    "test_web.py::test_handshakes_left_halfway_are_capped",
+    "test_web.py::test_stalled_handshakes_and_wrong_passwords_leave_a_verified_scraper_fast",
+    "test_web.py::test_tls_and_basic_auth_through_the_cli",
+    "test_web.py::test_wrong_passwords_back_off_per_address",
+})
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if item.path.stem in SLOW_MODULES or f"{item.path.name}::{item.originalname}" in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)

@@ -4,6 +4,7 @@ machine it was made on (the corpus provenance writes its scratch folder as $WORK
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 from conftest import REPO
 
@@ -22,3 +23,20 @@ def test_no_tracked_file_names_a_path_outside_the_repository():
             continue
         found += [f"{name}: {needle.decode()}" for needle in (beside, workspace) if needle in data]
     assert not found, found
+
+
+def test_the_slow_list_names_tests_that_exist() -> None:
+    """conftest's SLOW_MODULES and SLOW_TESTS (the fast subset leaves them out) name real modules and tests: a
+    renamed test would otherwise move into the fast subset, or a removed one linger, without a word."""
+    import ast
+
+    from conftest import SLOW_MODULES, SLOW_TESTS
+
+    here = Path(__file__).resolve().parent
+    for module in SLOW_MODULES:
+        assert (here / f"{module}.py").exists(), module
+    for test in SLOW_TESTS:
+        file, name = test.split("::")
+        tree = ast.parse((here / file).read_text())
+        names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        assert name in names, test
