@@ -87,3 +87,33 @@ def test_a_symlink_to_a_listed_log_is_read_once(tmp_path) -> None:
     runs = {ln.split('run="')[1].split('"')[0] for ln in res.stdout.decode().splitlines()
             if ln.startswith("posttrain_step{")}
     assert runs == {"train"}
+
+
+def test_a_log_path_that_is_not_there_is_said_at_once_and_again_if_it_stays_missing(tmp_path, caplog, monkeypatch):
+    """A mistyped --log waited for in silence looked like a healthy sidecar with nothing to say: it is said at once
+    (with whether its folder exists), again when it is still missing later, and once more when it appears."""
+    import logging
+
+    import exporter.sources.inputs as inputs
+    from exporter.config import LogSpec
+    from exporter.sources.inputs import PendingInput
+
+    caplog.set_level(logging.INFO, logger="exporter.sources.inputs")
+    monkeypatch.setattr(inputs, "STILL_WAITING_SECONDS", 0.0)
+    path = tmp_path / "no-such-folder" / "trian.log"
+    appeared: list[object] = []
+    pending = PendingInput(LogSpec(str(path), "r"), lambda spec: appeared[0] if appeared else None)
+    for _ in range(3):
+        pending.read()
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2, said  # once at once, once more later: not once a poll
+    assert "does not exist; waiting for it to appear" in said[0] and "does not exist either" in said[0]
+    assert "still nothing to read" in said[1]
+
+    class _Found:
+        def read(self, timeout: float = 0.0) -> None:
+            pass
+
+    appeared.append(_Found())
+    pending.read()
+    assert "is there now" in caplog.records[-1].getMessage()
