@@ -47,7 +47,7 @@ class CompletionsReader:
     def poll(self) -> list[SampleSet]:
         try:
             found = parquet.files(self.folder)
-            self.up = True
+            self.up = self.folder.is_dir()  # a folder removed globs as empty
         except OSError:
             self.up = False
             return []
