@@ -16,8 +16,15 @@ from exporter.parsers.chain import LineParserChain
 from exporter.pipeline import ConsoleStream, IngestStats
 from exporter.runstate import RunState
 from exporter.sources.base import ChunkReader, Source
-from exporter.sources.detect import TENSORBOARD, TRAINER_STATE, input_kind
-from exporter.sources.inputs import FileInput, PendingInput, StreamInput, TensorBoardInput, TrainerStateInput
+from exporter.sources.detect import COMPLETIONS, TENSORBOARD, TRAINER_STATE, input_kind
+from exporter.sources.inputs import (
+    CompletionsInput,
+    FileInput,
+    PendingInput,
+    StreamInput,
+    TensorBoardInput,
+    TrainerStateInput,
+)
 from exporter.sources.kubernetes import KubernetesLogReader, KubernetesSourceError, is_kubernetes_path
 from exporter.sources.stdin import StdinReader
 
@@ -87,6 +94,8 @@ class Exporter:
             return TrainerStateInput(spec, run, stats)
         if kind == TENSORBOARD:
             return TensorBoardInput(spec, run, stats)
+        if kind == COMPLETIONS:
+            return CompletionsInput(spec, run, stats)
         if spec.path == "-":
             return StreamInput(spec, self._console(spec), StdinReader())
         return FileInput(spec, self._console(spec))

@@ -79,6 +79,16 @@ class IngestStats:
         return counts
 
 
+def take_samples(run: RunState, stats: IngestStats, s: SampleSet) -> None:
+    """A sample set, from whichever source, to its run: its rows kept for the report, its diversity a record at
+    its step (the text stays here)."""
+    run.samples.add(s)
+    rec = diversity_record(s)
+    if rec is not None:
+        stats.lines[rec.fmt, "record"] += 1
+        run.ingest(rec)
+
+
 class ConsoleStream:
     """Text of one stream (a file, stdin) in, records into `run` out. It is the framer's sink."""
 
@@ -343,13 +353,8 @@ class ConsoleStream:
     def _take_samples(self, s: SampleSet | None) -> None:
         """The set's rows kept for the report, its diversity a record at its step (the text stays here). The
         records read before it must have reached the run: a record at an earlier step after it is a resume."""
-        if s is None:
-            return
-        self.run.samples.add(s)
-        rec = diversity_record(s)
-        if rec is not None:
-            self.stats.lines[rec.fmt, "record"] += 1
-            self.run.ingest(rec)
+        if s is not None:
+            take_samples(self.run, self.stats, s)
 
     def _take_block(self) -> None:
         rec = self.parsers.ended_block

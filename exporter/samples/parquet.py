@@ -21,7 +21,10 @@ _FIXED = ("step", "prompt", "completion", "advantage")
 
 
 def available() -> bool:
-    return importlib.util.find_spec("pyarrow") is not None
+    try:
+        return importlib.util.find_spec("pyarrow") is not None
+    except (ImportError, ValueError):  # a finder that refuses it, or a half-imported module
+        return False
 
 
 def files(folder: Path) -> list[tuple[int, Path]]:

@@ -5,6 +5,8 @@
   with `log_history`, or a folder holding one (a Trainer's output_dir, read through its newest
   `checkpoint-N/trainer_state.json`, or a checkpoint folder).
 - tensorboard: an `events.out.tfevents.*` file, or a folder holding some.
+- completions: a folder of TRL's `completions_*.parquet` files, or one named `completions` (sources/completions.py);
+  refused at start without pyarrow (the `parquet` extra).
 - console: any other file, or a FIFO (read as a stream). A device, a socket, or a folder given as a console
   log can never be read: `refusal` says so at start.
 
@@ -20,6 +22,8 @@ import os
 import stat
 import threading
 
+from exporter.samples import parquet
+from exporter.sources.completions import looks_like_completions
 from exporter.sources.files import describe_mode
 from exporter.sources.tensorboard import looks_like_tensorboard
 from exporter.sources.trainer_state import looks_like_trainer_state, trainer_state_in
@@ -27,12 +31,13 @@ from exporter.sources.trainer_state import looks_like_trainer_state, trainer_sta
 CONSOLE = "console"
 TRAINER_STATE = "trainer_state"
 TENSORBOARD = "tensorboard"
+COMPLETIONS = "completions"
 
 log = logging.getLogger(__name__)
 
 
 def input_kind(path: str, fmt: str) -> str | None:
-    """CONSOLE, TRAINER_STATE or TENSORBOARD; None while an auto path cannot tell yet."""
+    """CONSOLE, TRAINER_STATE, TENSORBOARD or COMPLETIONS; None while an auto path cannot tell yet."""
     if fmt in (TRAINER_STATE, TENSORBOARD):
         return fmt
     if fmt != "auto" or path == "-":
@@ -41,14 +46,18 @@ def input_kind(path: str, fmt: str) -> str | None:
         return TRAINER_STATE
     if looks_like_tensorboard(path):
         return TENSORBOARD
+    if looks_like_completions(path):
+        return COMPLETIONS
     if os.path.exists(path) and not os.path.isdir(path):
         return CONSOLE
     return None
 
 
 def is_log_folder(path: str) -> bool:
-    """A folder the exporter reads: it holds a trainer_state.json (its own or a checkpoint's) or event files."""
-    return os.path.isdir(path) and (trainer_state_in(path) is not None or looks_like_tensorboard(path))
+    """A folder the exporter reads: it holds a trainer_state.json (its own or a checkpoint's), event files or TRL's
+    completions files."""
+    return os.path.isdir(path) and (trainer_state_in(path) is not None or looks_like_tensorboard(path)
+                                    or looks_like_completions(path))
 
 
 def refusal(path: str, fmt: str, within: float = 1.0) -> str | None:
@@ -66,6 +75,9 @@ def refusal(path: str, fmt: str, within: float = 1.0) -> str | None:
     if stat.S_ISDIR(mode) and fmt not in ("auto", TRAINER_STATE, TENSORBOARD):
         return (f"{path} is a folder: a {fmt} log must be a file (a folder is read as a Trainer's output_dir or a "
                 "TensorBoard folder, with --format auto, trainer_state or tensorboard)")
+    if stat.S_ISDIR(mode) and fmt == "auto" and input_kind(path, fmt) == COMPLETIONS and not parquet.available():
+        return (f"{path} holds TRL's completions files (parquet): reading them needs pyarrow; install the parquet "
+                "extra: pip install 'posttrain-exporter[parquet]'")
     if stat.S_ISDIR(mode) and fmt == "auto" and not is_log_folder(path):
         log.warning("%s is a folder holding no trainer_state.json and no event files yet: waiting for them (a "
                     "console log must be a file)", path)

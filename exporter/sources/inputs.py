@@ -10,9 +10,12 @@ from collections.abc import Callable, Iterator
 
 from exporter.config import LogSpec
 from exporter.parsers.record import ParseError, Record
-from exporter.pipeline import ConsoleStream, IngestStats
+from exporter.pipeline import ConsoleStream, IngestStats, take_samples
 from exporter.runstate import RunState
+from exporter.samples.sampleset import SampleSet
 from exporter.sources.base import ChunkReader, FollowStats, Source
+from exporter.sources.completions import FORMAT as PARQUET_FORMAT
+from exporter.sources.completions import CompletionsReader
 from exporter.sources.files import FileFollower
 from exporter.sources.tensorboard import FMT as TB_FORMAT
 from exporter.sources.tensorboard import TensorBoardReader
@@ -183,6 +186,42 @@ class TensorBoardInput(Source):
         for rec in records:
             self.stats.lines[TB_FORMAT, "record"] += 1
             self.run.ingest(rec)
+
+
+class CompletionsInput(Source):
+    """TRL's completions folder: each new parquet file is one logged step's sample set, handed to the run as the
+    console's printed panels are (pipeline.take_samples); a file that never parses is counted, the next one read."""
+
+    def __init__(self, spec: LogSpec, run: RunState, stats: IngestStats) -> None:
+        self.spec = spec
+        self.run = run
+        self.stats = stats
+        self.reader = CompletionsReader(spec.path)
+        self.follow = FollowStats()
+        self._sets: list[SampleSet] = []
+
+    @property
+    def catching_up(self) -> bool:
+        return self.reader.behind
+
+    @property
+    def drained(self) -> bool:
+        return not self.reader.pending
+
+    def read(self, timeout: float = 0.0) -> None:
+        self._sets += self.reader.poll()
+
+    def ingest(self) -> bool:
+        sets, self._sets = self._sets, []
+        for reason, name in self.reader.errors:
+            self.stats.error(self.run.name, PARQUET_FORMAT, reason, 1, "%s/%s skipped (%s)", self.spec.path, name,
+                             reason)
+        self.reader.errors.clear()
+        self.follow.up = self.reader.up
+        self.follow.bytes_read = self.reader.bytes_read
+        for s in sets:
+            take_samples(self.run, self.stats, s)
+        return bool(sets)
 
 
 class PendingInput(Source):
