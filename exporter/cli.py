@@ -609,7 +609,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """The trainer first: it starts before anything of the exporter, which comes up beside it (a bad config, a
     taken port, an exporter bug are logged and retried while the trainer's output passes through unchanged); the
     exit status is the trainer's."""
-    from exporter.sources.child import FORWARDED_SIGNALS, ChildOutput
+    from exporter.sources.child import FORWARDED_SIGNALS, SIGNAL_CHECK_SECONDS, ChildOutput
     if args.linger < 0:
         raise UsageError("--linger must be 0 or more seconds")
     stop, ended = threading.Event(), threading.Event()  # ended: the trainer's output was all read
@@ -654,7 +654,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         exporter_side.join(grace)
         if "listener" in side and args.linger:  # keep serving for a last scrape
             stop.clear()
-            stop.wait(args.linger)
+            # in short steps: a SIGTERM that the kernel hands to another thread still ends the linger (its handler
+            # runs in this thread, between the steps)
+            until = time.monotonic() + args.linger
+            while not stop.is_set() and (left := until - time.monotonic()) > 0:
+                stop.wait(min(left, SIGNAL_CHECK_SECONDS))
         return status
     finally:
         ended.set()

@@ -3,7 +3,9 @@ as its run, its exit status and signals; and `serve --log -` copying its input t
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -258,3 +260,46 @@ def test_the_trainers_console_beside_its_feed_reads_postfixes_and_completions(fe
     assert ("loss" in run.series or any(k[0] == "loss" for k in run.series)) != fed
     assert run.samples.total_sets > 0
     assert any("diversity" in str(k) for k in run.series)
+
+
+def _signal_a_side_thread(pid: int, sig: int) -> None:
+    """`sig` to one of the process's threads other than its main one (tgkill): the kernel may hand a process's
+    signal to any thread that does not block it, and this makes that case happen every time, not by chance."""
+    tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+    assert tids, "the exporter runs threads beside its main one by now"
+    number = {"x86_64": 234, "aarch64": 131}[platform.machine()]  # SYS_tgkill
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(number, pid, tids[-1], sig) == 0, os.strerror(ctypes.get_errno())
+
+
+def test_a_signal_handed_to_a_side_thread_still_reaches_the_trainer() -> None:
+    body = """
+        import time
+        print("ready", flush=True)
+        time.sleep(60)
+    """
+    p = subprocess.Popen(run_cmd(child=child_script(body)), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        time.sleep(1.0)  # the exporter's side is up: its threads are there
+        _signal_a_side_thread(p.pid, signal.SIGTERM)
+        p.communicate(timeout=10)
+    finally:
+        p.kill()
+    assert p.returncode == 128 + signal.SIGTERM
+
+
+def test_sigterm_ends_the_linger_at_once() -> None:
+    """`run --linger 60` keeps serving after the trainer exited, for a last scrape; a SIGTERM (the pod stopping)
+    ends it at once with the trainer's status, whichever of the exporter's threads the kernel handed it to."""
+    p = subprocess.Popen(run_cmd("--linger", "60", child=child_script('print("done", flush=True)')), cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == b"done\n"
+        time.sleep(1.5)  # the trainer has exited: lingering now
+        assert p.poll() is None
+        _signal_a_side_thread(p.pid, signal.SIGTERM)
+        p.communicate(timeout=10)
+    finally:
+        p.kill()
+    assert p.returncode == 0

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 POLL_READ = 1 << 20  # parse-pipe bytes taken by one poll (the pipe holds as much): more waiting, the loop polls again
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+SIGNAL_CHECK_SECONDS = 0.1  # how soon a signal that reached another thread is handled (forwarded)
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(exporter.__file__)))
 
 
@@ -224,5 +225,13 @@ class ChildOutput:
 
     def exit_status(self) -> int:
         """The trainer's exit status as a shell reports it: its code, or 128 + the signal that ended it."""
-        code = self.proc.wait()
+        # Not one blocking waitpid: the kernel may hand a signal for this process to any of its threads, and then a
+        # main thread blocked in waitpid never wakes to run the handler that forwards it to the trainer (which
+        # then never ends). A wait with a timeout sleeps in short steps and runs pending handlers between them.
+        while True:
+            try:
+                code = self.proc.wait(timeout=SIGNAL_CHECK_SECONDS)
+                break
+            except subprocess.TimeoutExpired:
+                continue
         return 128 - code if code < 0 else code
