@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -636,7 +637,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     started.append(child)
     for signum in early:
         child.forward(signum)
-    _relay_log(child.feed.log_fd)
+    relay = _relay_log(child.feed.log_fd)
     log.info("run: trainer started (pid %d)", child.pid)
     side: dict[str, Any] = {"setup_done": threading.Event()}
     exporter_side = threading.Thread(target=_run_exporter, args=(args, child, ended, side, token), name="exporter",
@@ -644,6 +645,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     exporter_side.start()
     try:
         status = child.exit_status()  # the handlers forward our signals meanwhile
+        # the trainer's lines are over: ours go straight to stderr from now on, and the copier, which writes the ones
+        # it holds, sees the end of them (it waits for that before it exits: none is lost in its pipe)
+        _end_relay(relay)
         if not child.wait_output(5.0):
             log.warning("the trainer exited but a process it started still holds its output open; not waiting for it")
         ended.set()
@@ -750,13 +754,28 @@ class _RelayStream:
             sys.stderr.flush()
 
 
-def _relay_log(fd: int | None) -> None:
+def _relay_log(fd: int | None) -> _RelayStream | None:
     if fd is None:
-        return
+        return None
     stream = _RelayStream(fd)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.StreamHandler):
             handler.setStream(stream)  # type: ignore[arg-type]
+    return stream
+
+
+def _end_relay(stream: _RelayStream | None) -> None:
+    """Back to stderr, then the relay's pipe closed: setStream takes each handler's lock, so no line is being
+    written to the pipe once it returns."""
+    if stream is None:
+        return
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is stream:
+            handler.setStream(sys.stderr)
+    if stream.fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(stream.fd)
+        stream.fd = None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

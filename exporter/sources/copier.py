@@ -53,6 +53,7 @@ HEADER = struct.Struct(">cI")
 GAP = b"g"
 RETRY_SECONDS = 1.0
 HOLD_SECONDS = 1.0
+LOG_DRAIN_SECONDS = 5.0  # after the trainer's streams ended, the exporter's log lines are read until it closes them
 HELD_LINES = 1000
 COUNTERS = ("bytes_read", "parse_dropped_bytes", "gaps", "output_dropped_bytes", "output_write_errors",
             "log_lines_dropped")
@@ -352,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.start()
     for t in threads:
         t.join()
+    if logger is not None:  # the exporter's last lines: until it closes its end (it does once the trainer exited)
+        logger.join(LOG_DRAIN_SECONDS)
     done.set()
     if logger is not None:
         logger.join(1.0)
