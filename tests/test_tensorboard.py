@@ -101,3 +101,6 @@ def test_the_exporter_reads_a_trainers_event_files_as_a_run() -> None:
     assert [r.detector.name for r in a.detectors.readings() if r.state.episodes] == \
         [r.detector.name for r in b.detectors.readings() if r.state.episodes]
     assert tb.stats["tb"].lines["tensorboard", "record"] == 304
+    # its bytes are counted as every source's are (posttrain_exporter_source_read_bytes_total)
+    event_bytes = sum(p.stat().st_size for p in (EVENTS.glob("**/*tfevents*") if EVENTS.is_dir() else [EVENTS]))
+    assert tb.inputs[0].follow.bytes_read == event_bytes > 0

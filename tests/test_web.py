@@ -410,11 +410,9 @@ def test_one_address_cannot_fill_the_gate(server, caplog) -> None:
             s.close()
 
 
-def test_stalled_handshakes_and_wrong_passwords_leave_a_verified_scraper_fast(pki, tmp_path) -> None:
-    """`serve` with TLS and a bcrypt password at cost 10: 32 connections stalled in their handshake (opened again
-    when closed) and 150 clients sending a wrong password, each from an address of its own, as fast as they are
-    answered. A scraper whose password was verified before keeps a p99 under 1 s."""
-    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()
+def serve_tls_with_password(pki: PKI, hashed: str, tmp_path: Path) -> tuple[subprocess.Popen, int]:
+    """`serve --web.config.file` as an operator runs it: https with the server certificate and one bcrypt user,
+    following a log of one record (step 7)."""
     log = tmp_path / "train.log"
     log.write_text('{"step": 7, "loss": 0.25}\n')
     cfg = write_web_config(tmp_path, {"tls_server_config": {"cert_file": str(pki.server_cert),
@@ -424,6 +422,15 @@ def test_stalled_handshakes_and_wrong_passwords_leave_a_verified_scraper_fast(pk
     p = subprocess.Popen(exporter_cmd("serve", "--no-gpu", "--listen-address", f"127.0.0.1:{port}", "--log", str(log),
                                       "--web.config.file", str(cfg)),
                          cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return p, port
+
+
+def test_stalled_handshakes_and_wrong_passwords_leave_a_verified_scraper_fast(pki, tmp_path) -> None:
+    """`serve` with TLS and a bcrypt password at cost 10: 32 connections stalled in their handshake (opened again
+    when closed) and 150 clients sending a wrong password, each from an address of its own, as fast as they are
+    answered. A scraper whose password was verified before keeps a p99 under 1 s."""
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()
+    p, port = serve_tls_with_password(pki, hashed, tmp_path)
     flood = None
     try:
         ctx = client_context(pki)
@@ -514,15 +521,7 @@ def test_wrong_passwords_back_off_per_address(server, hashed, tmp_path) -> None:
 
 def test_tls_and_basic_auth_through_the_cli(pki, hashed, tmp_path) -> None:
     """`serve --web.config.file` as an operator runs it: https with a password, on /metrics and /healthz."""
-    log = tmp_path / "train.log"
-    log.write_text('{"step": 7, "loss": 0.25}\n')
-    cfg = write_web_config(tmp_path, {"tls_server_config": {"cert_file": str(pki.server_cert),
-                                                            "key_file": str(pki.server_key)},
-                                      "basic_auth_users": {"prometheus": hashed}})
-    port = free_port()
-    p = subprocess.Popen(exporter_cmd("serve", "--no-gpu", "--listen-address", f"127.0.0.1:{port}", "--log", str(log),
-                                      "--web.config.file", str(cfg)),
-                         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p, port = serve_tls_with_password(pki, hashed, tmp_path)
     try:
         ctx = client_context(pki)
         wait_body(f"https://localhost:{port}/metrics", 'posttrain_step{run="train"} 7.0', context=ctx,

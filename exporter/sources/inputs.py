@@ -116,13 +116,28 @@ class StreamInput(Source):
         return bool(getattr(self.reader, "behind", False))  # the copier's pipe held more than one poll takes
 
 
-class TrainerStateInput(Source):
-    def __init__(self, spec: LogSpec, run: RunState, stats: IngestStats) -> None:
+class _RunInput(Source):
+    """A file source whose reader yields records (or sample sets) of its own, not console text: read outside the
+    lock, handed to the run under it, each counted as a record of its format."""
+
+    def __init__(self, spec: LogSpec, run: RunState, stats: IngestStats, reader) -> None:
         self.spec = spec
         self.run = run
         self.stats = stats
-        self.reader = TrainerStateReader(spec.path)
+        self.reader = reader
         self.follow = FollowStats()
+
+    def _hand_over(self, fmt: str, records: list[Record]) -> None:
+        self.follow.up = self.reader.up
+        self.follow.bytes_read = self.reader.bytes_read
+        for rec in records:
+            self.stats.lines[fmt, "record"] += 1
+            self.run.ingest(rec)
+
+
+class TrainerStateInput(_RunInput):
+    def __init__(self, spec: LogSpec, run: RunState, stats: IngestStats) -> None:
+        super().__init__(spec, run, stats, TrainerStateReader(spec.path))
         self._records: list[Record] = []
         self._failed: list[str] = []  # a whole read that failed, by reason
 
@@ -140,11 +155,7 @@ class TrainerStateInput(Source):
         for reason, n in self.reader.entry_errors.items():
             self._error(reason, n)
         self.reader.entry_errors.clear()
-        self.follow.up = self.reader.up
-        self.follow.bytes_read = self.reader.bytes_read
-        for rec in records:
-            self.stats.lines["trainer_state", "record"] += 1
-            self.run.ingest(rec)
+        self._hand_over("trainer_state", records)
         return bool(records)
 
     def _error(self, reason: str, n: int) -> None:
@@ -152,16 +163,12 @@ class TrainerStateInput(Source):
                          self.spec.path, reason)
 
 
-class TensorBoardInput(Source):
+class TensorBoardInput(_RunInput):
     """A Trainer's TensorBoard event files: scalars with their exact steps. The writer flushes every couple of
     minutes, so a step's scalars are ingested once a later step appears or the files stop growing."""
 
     def __init__(self, spec: LogSpec, run: RunState, stats: IngestStats) -> None:
-        self.spec = spec
-        self.run = run
-        self.stats = stats
-        self.reader = TensorBoardReader(spec.path)
-        self.follow = FollowStats()
+        super().__init__(spec, run, stats, TensorBoardReader(spec.path))
         self._records: list[Record] = []
 
     def read(self, timeout: float = 0.0) -> None:
@@ -171,7 +178,6 @@ class TensorBoardInput(Source):
 
     def ingest(self) -> bool:
         records, self._records = self._records, []
-        self.follow.up = self.reader.up
         self._ingest(records)
         return bool(records)
 
@@ -183,21 +189,15 @@ class TensorBoardInput(Source):
             self.stats.error(self.run.name, TB_FORMAT, reason, n, "%s: event records skipped (%s)", self.spec.path,
                              reason)
         self.reader.errors.clear()
-        for rec in records:
-            self.stats.lines[TB_FORMAT, "record"] += 1
-            self.run.ingest(rec)
+        self._hand_over(TB_FORMAT, records)
 
 
-class CompletionsInput(Source):
+class CompletionsInput(_RunInput):
     """TRL's completions folder: each new parquet file is one logged step's sample set, handed to the run as the
     console's printed panels are (pipeline.take_samples); a file that never parses is counted, the next one read."""
 
     def __init__(self, spec: LogSpec, run: RunState, stats: IngestStats) -> None:
-        self.spec = spec
-        self.run = run
-        self.stats = stats
-        self.reader = CompletionsReader(spec.path)
-        self.follow = FollowStats()
+        super().__init__(spec, run, stats, CompletionsReader(spec.path))
         self._sets: list[SampleSet] = []
 
     @property
@@ -217,8 +217,7 @@ class CompletionsInput(Source):
             self.stats.error(self.run.name, PARQUET_FORMAT, reason, 1, "%s/%s skipped (%s)", self.spec.path, name,
                              reason)
         self.reader.errors.clear()
-        self.follow.up = self.reader.up
-        self.follow.bytes_read = self.reader.bytes_read
+        self._hand_over(PARQUET_FORMAT, [])
         for s in sets:
             take_samples(self.run, self.stats, s)
         return bool(sets)

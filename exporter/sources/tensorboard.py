@@ -188,6 +188,11 @@ class TensorBoardReader:
     def _error(self, reason: str) -> None:
         self.errors[reason] = self.errors.get(reason, 0) + 1
 
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of the event files framed so far (a record not yet whole is read again at the next poll)."""
+        return sum(f.offset for f in self.files.values())
+
     def poll(self) -> list[Record]:
         out: list[Record] = []
         paths = self._paths()
