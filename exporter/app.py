@@ -45,6 +45,7 @@ class Exporter:
         for spec in specs:
             self.add_input(spec)
         self.heartbeat = time.monotonic()
+        self._failed_inputs: set[int] = set()  # inputs whose read or ingest raised once (said once each)
         self.stop_signal: StopSignal | None = None  # config early_stop: set by serve and run
 
     def run_state(self, name: str) -> RunState:
@@ -116,10 +117,18 @@ class Exporter:
         hung mount), then ingested under it, each input on its own (scrapes get in between)."""
         got = False
         for inp in list(self.inputs):  # `run` may add the trainer's input meanwhile
-            inp.read()
-            with self.lock:
-                got |= inp.ingest()
-                self.heartbeat = time.monotonic()
+            try:
+                inp.read()
+                with self.lock:
+                    got |= inp.ingest()
+                    self.heartbeat = time.monotonic()
+            except Exception:  # one input's bug must not starve the others: counted as its read error, said once
+                inp.follow.read_errors += 1
+                if id(inp) not in self._failed_inputs:
+                    self._failed_inputs.add(id(inp))
+                    log.exception("run %s: ingest failed for %s; the other inputs go on (further failures are "
+                                  "counted in posttrain_exporter_source_read_errors_total)", inp.spec.run,
+                                  inp.spec.path)
         if got and self.stop_signal is not None and not self.catching_up:  # judged as things stand, not mid-history
             self.raise_stop_signal(self.stop_signal)
         return got

@@ -776,6 +776,9 @@ def _end_relay(stream: _RelayStream | None) -> None:
         with contextlib.suppress(OSError):
             os.close(stream.fd)
         stream.fd = None
+    if stream.dropped:  # lines the copier's full pipe refused: said once the log is ours again
+        log.warning("%d of the exporter's log lines were dropped while the trainer's output was passing through "
+                    "(the copier's pipe for them was full)", stream.dropped)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -84,9 +84,16 @@ def take_samples(run: RunState, stats: IngestStats, s: SampleSet) -> None:
     its step (the text stays here)."""
     run.samples.add(s)
     rec = diversity_record(s)
-    if rec is not None:
-        stats.lines[rec.fmt, "record"] += 1
-        run.ingest(rec)
+    if rec is None:
+        return
+    if rec.step is not None and rec.step < run.step:
+        # A set behind the run (a completions folder read after the console got further): as a training record it
+        # would read as a resume and cut the run's history back. Its rows stay for the report; its numbers are
+        # counted as left out, not applied.
+        stats.lines[rec.fmt, "behind_run"] += 1
+        return
+    stats.lines[rec.fmt, "record"] += 1
+    run.ingest(rec)
 
 
 class ConsoleStream:

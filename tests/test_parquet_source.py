@@ -144,3 +144,39 @@ def test_without_pyarrow_the_folder_is_refused_in_one_line_naming_the_extra(tmp_
         err = res.stderr.decode().strip()
         assert res.returncode == 2 and "\n" not in err and "Traceback" not in err, err
         assert str(folder) in err and "pyarrow" in err and "posttrain-exporter[parquet]" in err
+
+
+def test_a_half_written_file_that_goes_away_waits_no_more(tmp_path: Path) -> None:
+    """A file that did not parse yet and then vanished (TRL replaced it, a user cleaned up) must not keep the
+    folder pending: `dump` and `report` read a folder until nothing waits, and would never end."""
+    folder = tmp_path / "completions"
+    folder.mkdir()
+    half = folder / "completions_00010.parquet"
+    half.write_bytes(b"PAR1 not yet whole")
+    reader = CompletionsReader(str(folder))
+    assert reader.poll() == [] and reader.pending
+    half.unlink()
+    reader.poll()
+    assert not reader.pending
+
+
+def test_a_set_behind_the_run_is_left_out_not_taken_for_a_resume() -> None:
+    """A sample set whose step is behind the run (a completions folder read after the console got further) keeps
+    its rows for the report, but its diversity numbers are counted as left out: as a training record they would
+    cut the run's history back to that step."""
+    from exporter.instruments.keymap import KeyMap
+    from exporter.parsers.record import Record
+    from exporter.pipeline import IngestStats, take_samples
+    from exporter.runstate import RunState
+    from exporter.samples.sampleset import Sample, SampleSet
+
+    run, stats = RunState("r", KeyMap()), IngestStats()
+    for step in range(1, 501):
+        run.ingest(Record({"loss": 1.0 / step, "reward": 0.1}, "jsonl", step=step))
+    rows = tuple(Sample(f"q{i}", "The answer is 7.") for i in range(8))
+    take_samples(run, stats, SampleSet(10, "trl_parquet", rows))
+    run.refresh()
+    assert run.step == 500 and run.resets == 0 and len(run.series["loss", None]) == 500
+    assert stats.lines["samples", "behind_run"] == 1 and run.samples.total_sets == 1
+    take_samples(run, stats, SampleSet(500, "trl_parquet", rows))  # at the run's step: applied
+    assert stats.lines["samples", "record"] == 1

@@ -117,3 +117,29 @@ def test_a_log_path_that_is_not_there_is_said_at_once_and_again_if_it_stays_miss
     appeared.append(_Found())
     pending.read()
     assert "is there now" in caplog.records[-1].getMessage()
+
+
+def test_one_inputs_failure_never_starves_the_others(tmp_path, caplog) -> None:
+    """An input whose read raises (a reader's bug) is counted as its read error and said once; the inputs after it
+    in the same poll are still read."""
+    import logging
+
+    from exporter.app import Exporter
+    from exporter.config import Config, LogSpec
+
+    bad, good = tmp_path / "bad.log", tmp_path / "good.log"
+    bad.write_text("{'loss': 0.5, 'epoch': 0.1}\n")
+    good.write_text('{"step": 3, "loss": 0.25}\n')
+    ex = Exporter(Config(), [LogSpec(str(bad), "bad"), LogSpec(str(good), "good")])
+
+    def broken(timeout: float = 0.0) -> None:
+        raise RuntimeError("reader bug")
+
+    ex.inputs[0].read = broken  # type: ignore[method-assign]
+    caplog.set_level(logging.ERROR)
+    for _ in range(3):
+        ex.poll_once()
+    ex.runs["good"].refresh()
+    assert ex.runs["good"].step == 3
+    assert ex.inputs[0].follow.read_errors == 3
+    assert sum("ingest failed for" in r.getMessage() for r in caplog.records) == 1

@@ -240,6 +240,8 @@ def test_a_brief_write_failure_of_stdout_is_retried_not_given_up_for_good(tmp_pa
             except OSError:
                 time.sleep(0.2)
         assert seen > 0, "bytes the pod log lost are not counted"
+        assert re.search(r'^posttrain_exporter_source_write_errors_total\{[^}]*\} [1-9]', body_now, re.M), \
+            "the failed writes are not counted"
         os.truncate(out, 0)  # room again
         room.touch()
         _, err = p.communicate(timeout=60)

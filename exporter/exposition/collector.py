@@ -251,8 +251,17 @@ class ExporterCollector(Collector):
                                             "parser_behind (the exporter fell behind; the copy to the log still "
                                             "has them) or output_failed (the copy to standard output failed past "
                                             "its retries, e.g. disk full).", labels=["run", "path", "reason"])
+        write_errors = CounterMetricFamily(p + "source_write_errors", "Failed writes of a copied stream (the "
+                                           "trainer's output through run or serve --log -) to standard output: each "
+                                           "is retried, then its bytes are dropped (source_dropped_bytes).",
+                                           labels=["run", "path"])
+        log_dropped = CounterMetricFamily(p + "log_lines_dropped", "The exporter's own log lines that the copier of a "
+                                          "trainer's output dropped (too many waited for a gap between the "
+                                          "trainer's lines).", labels=["run", "path"])
         for inp in ex.inputs:
             lv = [inp.spec.run, inp.spec.path]
+            write_errors.add_metric(lv, inp.follow.output_write_errors)
+            log_dropped.add_metric(lv, inp.follow.log_lines_dropped)
             dropped_bytes.add_metric([*lv, "parser_behind"], inp.follow.dropped_bytes)
             dropped_bytes.add_metric([*lv, "output_failed"], inp.follow.output_dropped_bytes)
             up.add_metric(lv, 1.0 if inp.follow.up else 0.0)
@@ -266,7 +275,8 @@ class ExporterCollector(Collector):
         info.add_metric([__version__, REVISION or "unknown", platform.python_version()], 1.0)
         yield from (lines, errors, records, last, dropped, lines_dropped, skipped, disagreements, step_sources, resets,
                     stops)
-        yield from (up, rotations, truncations, resumed, read_errors, read_bytes, dropped_bytes, info)
+        yield from (up, rotations, truncations, resumed, read_errors, read_bytes, dropped_bytes, write_errors,
+                    log_dropped, info)
 
 
 def _series_order(item: tuple[tuple[str, str | None], object]) -> tuple[str, str]:

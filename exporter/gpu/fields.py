@@ -36,7 +36,7 @@ class GpuField:
     nvml_unit: str  # what NVML answers, for the docs
     dcgm: str  # the DCGM field of the same quantity (dcgm-exporter's DCGM_FI_* series)
     args: tuple[tuple[str, int], ...] = ()  # (nvml.h name, value) of each argument after the handle
-    # dcgm-exporter's unit -> the exported one, as PromQL (the recording rules of exporter/gpu/dcgm.py): the same
+    # dcgm-exporter's unit -> the exported one, as PromQL (the recording rules of exporter/gpu/rules.py): the same
     # float operation as `convert`, so that a value read through DCGM equals the one read through NVML
     dcgm_scale: str = ""
 

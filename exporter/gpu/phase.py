@@ -16,7 +16,7 @@ The rule, evaluated on every poll of one GPU (utilization u as a ratio, power p 
    reference_window_seconds (default 600 s, both ends included): the recent high power level, which is
    training's level once the window has seen a training phase. `reference_watts` pins R instead.
    The quantile is Prometheus's (`quantile_over_time`: linear between the two nearest ranks), so that the
-   recording rules that derive the phase from dcgm-exporter's samples (exporter/gpu/dcgm.py) reach the
+   recording rules that derive the phase from dcgm-exporter's samples (exporter/gpu/rules.py) reach the
    same phase from the same samples.
 3. p >= training_power_ratio * R (default 0.80)                  -> training
    p <= generation_power_ratio * R (default 0.70)                -> generation

@@ -4,7 +4,7 @@ Three sources feed the same posttrain_gpu_* families (docs/gpu.md "Where GPU dat
 
     nvml   the sidecar's own NVML (sampler.py): bare metal, Slurm, a VM, or a pod given the GPUs explicitly
     feed   the trainer's own process samples NVML (exporter/integrations/gpu_feed.py) into a file beside its
-           feed; the sidecar reads it (feed_reader.py): the trainer sees its GPUs where the sidecar does not
+           feed; the sidecar reads it (feed_samples.py): the trainer sees its GPUs where the sidecar does not
     dcgm   dcgm-exporter, joined to the sidecar's pod by namespace and pod in Prometheus recording rules
            (dcgm.py): the sidecar reads no GPU at all
 

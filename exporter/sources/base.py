@@ -30,6 +30,8 @@ class FollowStats:
     bytes_read: int = 0  # bytes, as read from the file, pipe or connection (not characters after decoding)
     dropped_bytes: int = 0  # a copied stream's bytes skipped for parsing (the parser was behind), never for the log
     output_dropped_bytes: int = 0  # a copied stream's bytes its copy to standard output could not write (disk full)
+    output_write_errors: int = 0  # a copied stream's failed writes to standard output (each retried, then dropped)
+    log_lines_dropped: int = 0  # the exporter's own log lines the copier could not place between the trainer's
 
 
 class ChunkReader(Protocol):

@@ -118,6 +118,8 @@ class CopierFeed:
         text = self._frames()
         self.stats.bytes_read, self.stats.dropped_bytes = self.bytes_read, self.dropped_bytes
         self.stats.output_dropped_bytes = self.counter("output_dropped_bytes")
+        self.stats.output_write_errors = self.counter("output_write_errors")
+        self.stats.log_lines_dropped = self.counter("log_lines_dropped")
         if ended:
             text += "".join(d.decode(b"", final=True) for d in self._decoders.values())
             self.closed, self.stats.up = True, False

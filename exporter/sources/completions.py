@@ -35,7 +35,7 @@ class CompletionsReader:
         self.up = False
         self.bytes_read = 0
         self.behind = False  # more new files than one poll reads
-        self.errors: list[tuple[str, str]] = []  # (reason, file name), taken by the adapter
+        self.errors: list[tuple[str, str]] = []  # (reason, "file name: the error"), taken by the adapter
         self._done: set[str] = set()  # names read or given up on
         self._seen: dict[str, tuple[int, int]] = {}  # a file that did not parse: its (size, mtime_ns) then
 
@@ -51,6 +51,9 @@ class CompletionsReader:
         except OSError:
             self.up = False
             return []
+        names = {path.name for _, path in found}
+        for gone in [n for n in self._seen if n not in names]:  # a half-written file that went away waits no more
+            del self._seen[gone]
         new = [(step, path) for step, path in found if path.name not in self._done]
         self.behind = len(new) > FILES_PER_POLL
         out = []
@@ -64,6 +67,7 @@ class CompletionsReader:
         try:
             st = path.stat()
         except OSError:
+            self._seen.pop(path.name, None)
             return None  # gone between the listing and now
         try:
             got = parquet.read_file(path, step)
@@ -72,7 +76,7 @@ class CompletionsReader:
             if self._seen.get(path.name) == mark:  # unchanged since the last poll: not being written, bad
                 del self._seen[path.name]
                 self._done.add(path.name)
-                self.errors.append((_reason(e), path.name))
+                self.errors.append((_reason(e), f"{path.name}: {type(e).__name__}: {str(e)[:200]}"))
             else:
                 self._seen[path.name] = mark
             return None

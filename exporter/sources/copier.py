@@ -287,7 +287,8 @@ def pump(src: int, out: Output | None, tag: bytes, parse: Parse, counters: Count
             n = os.readv(src, [buf])
         except InterruptedError:
             continue
-        except OSError:
+        except OSError as e:  # the trainer's pipe failed: its copy ends here, said (not taken for its end)
+            note(f"reading the trainer's {'stderr' if tag == b'e' else 'stdout'} failed ({e}); its copy stops here")
             n = 0
         if not n:
             break
