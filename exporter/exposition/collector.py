@@ -255,9 +255,9 @@ class ExporterCollector(Collector):
                                            "trainer's output through run or serve --log -) to standard output: each "
                                            "is retried, then its bytes are dropped (source_dropped_bytes).",
                                            labels=["run", "path"])
-        log_dropped = CounterMetricFamily(p + "log_lines_dropped", "The exporter's own log lines that the copier of a "
-                                          "trainer's output dropped (too many waited for a gap between the "
-                                          "trainer's lines).", labels=["run", "path"])
+        log_dropped = CounterMetricFamily(p + "source_log_lines_dropped", "The exporter's own log lines that the "
+                                          "copier of a trainer's output dropped (too many waited for a gap between "
+                                          "the trainer's lines).", labels=["run", "path"])
         for inp in ex.inputs:
             lv = [inp.spec.run, inp.spec.path]
             write_errors.add_metric(lv, inp.follow.output_write_errors)
