@@ -8,10 +8,11 @@ binary blocks (no newline for up to 1 MiB: "lines" of any length), written by th
 (--write-size), three quarters to stdout and a quarter to stderr. Every way writes into pipes drained by `cat`, as
 a container runtime reads a pod's output, the trainer alone included. The trainer sleeps a second first (a trainer
 loads before it prints: the copier started beside it is up by then), then times its own writes, first to last; the
-bench reports the median of --repeat runs of each way, the ways interleaved. Peak RSS is the kernel's high-water
-mark (VmHWM) of the exporter and of its copier, sampled every 20 ms until they exit; their sum is compared with the
-chart's memory request (helm values: 100Mi). `--exporter` runs another checkout (e.g. the code before issue 23) as
-a peer in the same run."""
+bench reports the median of --repeat runs of each way, the ways interleaved, and the 99th percentile of scrapes of
+/metrics made every 50 ms while each way ran (the parser yields the CPU to the trainer, not to the scrapes). Peak
+RSS is the kernel's high-water mark (VmHWM) of the exporter and of its copier, sampled every 20 ms until they exit;
+their sum is compared with the chart's memory request (helm values: 100Mi). `--exporter` runs another checkout
+(e.g. the code before issue 23) as a peer in the same run."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,6 +109,19 @@ def watch_memory(proc: subprocess.Popen, peaks: dict[int, int], done: threading.
         time.sleep(0.02)
 
 
+def scrape_while(port: int, done: threading.Event, took: list[float]) -> None:
+    """Scrapes /metrics every 50 ms while the way runs: what a burst costs the scrapes (the parser yields the CPU)."""
+    while not done.is_set():
+        start = time.perf_counter()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                r.read()
+            took.append(time.perf_counter() - start)
+        except OSError:  # not listening yet
+            pass
+        done.wait(0.05)
+
+
 def sink() -> subprocess.Popen:
     """What reads a container's output (the runtime's log reader): a pipe, drained by `cat` into /dev/null."""
     return subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
@@ -131,8 +146,11 @@ def one(mode: str, stream: Path, exporter_root: Path, port: int, write_size: int
     listen = ["--web.listen-address", f"127.0.0.1:{port}", "--no-gpu"]
     peaks: dict[int, int] = {}
     cpu: dict[int, float] = {}
+    scrapes: list[float] = []
     out, err = sink(), sink()
     done = threading.Event()
+    if mode != "alone":
+        threading.Thread(target=scrape_while, args=(port, done, scrapes), daemon=True).start()
     start = time.perf_counter()
     if mode == "alone":
         subprocess.run(trainer, stdout=out.stdin, stderr=err.stdin, check=True)
@@ -163,7 +181,7 @@ def one(mode: str, stream: Path, exporter_root: Path, port: int, write_size: int
     took_file.unlink()
     copier_cpu = sum(v for pid, v in cpu.items() if pid != getattr(p, "pid", None)) if mode != "alone" else 0.0
     return {"mode": mode, "trainer_s": took, "wall_s": wall, "peak_rss_mib": sum(peaks.values()) / 1024,
-            "copier_cpu_s": copier_cpu,
+            "copier_cpu_s": copier_cpu, "scrapes_s": scrapes,
             "peaks_mib": sorted(round(v / 1024, 1) for v in peaks.values())}
 
 
@@ -191,7 +209,7 @@ def main() -> None:
     print(f"stream: {size / 1e6:.0f} MB (text and binary) in writes of {args.write_size} bytes; trainer alone: "
           f"{alone:.3f} s (median of {args.repeat})")
     print(f"{'exporter':<28} {'way':<6} {'trainer s':>9} {'x alone':>8} {'wall s':>7} {'copier CPU s':>12} "
-          f"{'peak RSS MiB':>13}  (each)")
+          f"{'scrape p99 s':>12} {'peak RSS MiB':>13}  (each)")
     summary = []
     for name, _ in roots:
         for mode in ("run", "stdin"):
@@ -201,10 +219,12 @@ def main() -> None:
             each = max(sel, key=lambda r: r["peak_rss_mib"])["peaks_mib"]
             wall = statistics.median(r["wall_s"] for r in sel)
             copier = statistics.median(r["copier_cpu_s"] for r in sel)
-            print(f"{name[-28:]:<28} {mode:<6} {t:>9.3f} {t / alone:>8.2f} {wall:>7.2f} {copier:>12.2f} {rss:>13.1f}  "
-                  f"{each}")
+            scrapes = sorted(x for r in sel for x in r["scrapes_s"])
+            p99 = scrapes[int(0.99 * (len(scrapes) - 1))] if scrapes else float("nan")
+            print(f"{name[-28:]:<28} {mode:<6} {t:>9.3f} {t / alone:>8.2f} {wall:>7.2f} {copier:>12.2f} {p99:>12.3f} "
+                  f"{rss:>13.1f}  {each}")
             summary.append({"exporter": name, "way": mode, "trainer_s": t, "ratio": t / alone, "wall_s": wall,
-                            "copier_cpu_s": copier,
+                            "copier_cpu_s": copier, "scrape_p99_s": p99, "scrapes": len(scrapes),
                             "peak_rss_mib": rss, "under_request": rss < CHART_REQUEST_MIB})
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ from exporter.report import FAIL_ON
 from exporter.report import FORMATS as REPORT_FORMATS
 from exporter.runbooks import RUNBOOK_BASE
 from exporter.sources.detect import is_log_folder, refusal
+from exporter.sources.priority import lower_this_thread
 
 if TYPE_CHECKING:  # the other commands' modules are imported by the commands that use them: `dump` starts faster
     from exporter.exposition.webconfig import WebConfig
@@ -487,6 +488,7 @@ def _serve(exporter: Exporter, listen: str, loop, gpu: GpuService | None = None,
     outcome: dict[str, Any] = {}
 
     def reading() -> None:
+        lower_this_thread()  # the trainer beside us (serve --log -) comes first
         try:
             outcome["code"] = loop(stop)
         except BaseException as e:  # handed to the main thread, which raises it
@@ -703,6 +705,7 @@ def _run_exporter(args: argparse.Namespace, child, ended: threading.Event, side:
         side["gpu"] = gpu
         gpu.start()
     log.info("run: the trainer's output read as run %s", child_spec.run)
+    lower_this_thread()  # parsing takes the CPU the trainer leaves
     interval = min(cfg.poll_interval_seconds, 0.25)
     failures = 0
     while True:

@@ -311,3 +311,44 @@ def test_stdin_with_a_bad_config_is_copied_whole_then_the_error_ends_serve(tmp_p
                          timeout=120)
     assert res.stdout == TRAINER_OUT
     assert res.returncode == 2 and b"config error" in res.stderr
+
+
+def _nice(path: str) -> int:
+    return int(open(path).read().rsplit(")", 1)[1].split()[16])  # field 19 of stat(5)
+
+
+def test_parsing_yields_the_cpu_to_the_trainer(tmp_path) -> None:
+    """`run`: the thread that parses runs at a lower priority (nice 10), so a burst the trainer prints never makes
+    the two compete as equals; the trainer, the copier on its path and the exporter's other threads keep theirs."""
+    said = tmp_path / "trainer-nice"
+    body = f"""
+        import os, pathlib, time
+        pathlib.Path({str(said)!r}).write_text(str(os.getpriority(os.PRIO_PROCESS, 0)))
+        time.sleep(4)
+    """
+    p = subprocess.Popen(exporter_cmd("--log-level", "error", "run", "--no-gpu", "--web.listen-address",
+                                      f"127.0.0.1:{free_port()}", "--", *trainer(body)), cwd=REPO,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        threads: dict[int, int] = {}
+        copier = None
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (10 not in threads.values() or copier is None):
+            for tid in os.listdir(f"/proc/{p.pid}/task"):
+                try:
+                    threads[int(tid)] = _nice(f"/proc/{p.pid}/task/{tid}/stat")
+                except OSError:
+                    continue
+            for kid in open(f"/proc/{p.pid}/task/{p.pid}/children").read().split():
+                try:
+                    if b"exporter.sources.copier" in open(f"/proc/{kid}/cmdline", "rb").read():
+                        copier = _nice(f"/proc/{kid}/stat")
+                except OSError:
+                    continue
+            time.sleep(0.1)
+        assert p.wait(30) == 0
+    finally:
+        p.kill()
+    assert 10 in threads.values(), f"no thread of the exporter yields: {threads}"
+    assert threads[p.pid] == 0 and copier == 0, (threads, copier)
+    assert said.read_text() == "0"

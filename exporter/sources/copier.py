@@ -4,7 +4,14 @@ input) to where it would have gone without the exporter, and offers a copy to th
 Why a process: the copy must never wait on the exporter. A thread beside the parser shares its interpreter lock
 (a busy parser made a trainer printing 200 MB take 15 times longer), its memory (what it holds is the sidecar's)
 and its fate (an exporter killed for memory closed the trainer's pipes). This process imports nothing of the
-exporter, holds at most a chunk per stream, and lives on if the exporter dies.
+exporter, holds at most a chunk per stream (and, in the kernel, a pipe of 1 MiB per stream for the parser's copy),
+and lives on if the exporter dies.
+
+From a pipe to an output, the trainer's bytes never pass through this process: tee(2) duplicates them into the
+parser's copy and splice(2) moves them on to the output, page references both, no byte copied (only the last byte
+of a chunk is read, to know whether the output is at a line boundary). A trainer printing at memory speed waits on
+us little more than on its output alone. A file or terminal as input, an output that takes no splice (a terminal,
+a file opened to append) and small chunks are read and written instead.
 
 Each stream has its own thread: a slow reader of our stdout holds the trainer's stdout, as it would without us,
 never its stderr. A write that fails is retried, never given up for good:
@@ -12,11 +19,13 @@ never its stderr. A write that fails is retried, never given up for good:
 - ENOSPC, EIO, ...: retried for RETRY_SECONDS, then that chunk is dropped (counted) and the next is tried at once;
 - EPIPE (nobody reads our output any more): that copy stops, the reading goes on (the trainer never sees EPIPE).
 
-The parser's copy goes through one pipe, in frames (a tag byte: which stream, four length bytes, the bytes),
-each written whole or not at all, never cut (see `Parse`): the exporter reads frames in the order the chunks were
-read, and keeps one UTF-8 decoder per stream. A frame that does not fit (the parser is behind) is dropped and
-counted, and a GAP frame goes first once there is room again, so that the text on both sides of the hole is never
-glued into one line.
+The parser's copy: each stream's bytes go into a pipe of ours (`ParseCopy`), and a feeder thread per stream moves
+them on to the parser's one pipe in frames (a tag byte: which stream, four length bytes, the bytes; `ParseFeed`),
+waiting for the parser as long as it takes them. The exporter keeps one UTF-8 decoder per stream. When the parser
+is so far behind that a stream's pipe is full, the trainer is not held: what does not fit is dropped for parsing
+only (counted), and a GAP frame marks the place, so that the text on both sides of the hole is never glued into one
+line. Once the trainer's streams ended, the feeders go on while the parser takes their bytes (LOG_DRAIN_SECONDS
+without progress ends them, what is left counted as dropped).
 
 The exporter's own log lines (`run`) come in on a pipe of their own, one line each, and are written to our stderr
 only where the trainer's stderr is at a line boundary; held longer than HOLD_SECONDS, they go to stdout if that is
@@ -31,23 +40,24 @@ from __future__ import annotations
 import argparse
 import array
 import contextlib
+import ctypes
 import errno
 import fcntl
 import mmap
 import os
 import select
 import signal
+import stat
 import struct
 import sys
 import termios
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20  # asked of every pipe we read or feed (Linux: F_SETPIPE_SZ; the default is 64 KiB)
-FRAME = 4096  # PIPE_BUF on Linux (POSIX: at least 512): a write this small is whole or refused
-PAGE = 4096
 MAX_FRAME = 256 << 10
 HEADER = struct.Struct(">cI")
 GAP = b"g"
@@ -97,11 +107,47 @@ class Output:
         self.at_boundary = True  # the last byte written ended a line (or nothing was written)
         self.closed = False  # EPIPE: nobody reads it any more
         self._failing = False  # the last chunk could not be written: the next is tried once, without waiting
+        self.splicing = _SPLICE is not None  # until our output refuses it
 
     def write(self, data: memoryview) -> None:
         with self.lock:
             self._write(data)
             self.at_boundary = data[-1:] == b"\n"
+
+    def forward(self, src: int, n: int, buf: memoryview) -> None:
+        """Moves `n` bytes that the pipe `src` holds to this output: spliced (no copy) but for the last byte, which
+        is read and written, so that we know whether the output is at a line boundary; copied where splice cannot be
+        used (a terminal, a file opened to append), where the chunk is small, and where a splice failed (the copy
+        retries, counts and says)."""
+        with self.lock:
+            if self.splicing and not self.closed and n >= SPLICE_MIN:
+                n = self._splice(src, n - 1) + 1
+            got = read_exactly(src, buf[:n])
+            if got:
+                self._write(buf[:got])
+                self.at_boundary = buf[got - 1] == 0x0A
+
+    def _splice(self, src: int, n: int) -> int:
+        """Splices `n` bytes from `src`; the bytes left (a failure: they go the copying way)."""
+        while n and _SPLICE is not None:
+            try:
+                moved = _SPLICE(src, self.fd, n)
+            except BlockingIOError:  # our output was made non-blocking: wait as a blocking write would
+                select.select([], [self.fd], [], 1.0)
+                continue
+            except InterruptedError:
+                continue
+            except OSError as e:
+                if e.errno in (errno.EINVAL, errno.ENOSYS, errno.EBADF):  # this output takes no splice
+                    self.splicing = False
+                return n
+            if not moved:
+                return n
+            n -= moved
+            if self._failing:
+                self._failing = False
+                note(f"writing {self.name} again")
+        return n
 
     def _write(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
@@ -137,83 +183,217 @@ class Output:
             time.sleep(0.02)
 
 
-class Parse:
-    """The parser's copy: frames on a non-blocking pipe, each written whole or not at all, dropped (counted) when
-    the parser is behind. A frame is at most PIPE_BUF bytes (POSIX: such a write is whole or refused), or, where
-    the pipe says how full it is (Linux: F_GETPIPE_SZ, FIONREAD), as large as it surely has room for."""
+def _libc_tee() -> Callable[[int, int, int, int], int] | None:
+    """tee(2) (Linux): duplicates what a pipe holds into another pipe without reading it. Python has no os.tee."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).tee
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint]
+    fn.restype = ctypes.c_ssize_t
+    return fn
 
-    def __init__(self, fd: int | None, counters: Counters) -> None:
+
+_TEE = _libc_tee()
+_SPLICE = getattr(os, "splice", None)
+SPLICE_MIN = 1 << 16  # a smaller chunk is copied: three system calls for a page or two cost more than the copy
+
+
+def tee(src: int, dst: int, n: int) -> int:
+    """Duplicates up to `n` of the bytes `src` holds into `dst`, never waiting; OSError as os functions raise it."""
+    if _TEE is None:
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+    got = _TEE(src, dst, n, os.SPLICE_F_NONBLOCK)
+    if got < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return got
+
+
+def pending(fd: int) -> int:
+    """Bytes a pipe holds (FIONREAD); 0 where that cannot be told."""
+    try:
+        buf = array.array("i", [0])
+        fcntl.ioctl(fd, termios.FIONREAD, buf)
+    except OSError:
+        return 0
+    return buf[0]
+
+
+def read_exactly(fd: int, view: memoryview) -> int:
+    """Reads len(view) bytes that `fd` (a pipe we alone read) is known to hold; fewer only at its end."""
+    got = 0
+    while got < len(view):
+        try:
+            n = os.readv(fd, [view[got:]])
+        except InterruptedError:
+            continue
+        if not n:
+            break
+        got += n
+    return got
+
+
+class ParseFeed:
+    """The one pipe to the exporter's parser, in frames (`HEADER`: tag, length, then the bytes). Written by each
+    stream's feeder thread (see `ParseCopy`), a whole frame at a time. A feeder waits for the parser; the trainer's
+    copy never does."""
+
+    def __init__(self, fd: int, counters: Counters) -> None:
         self.fd = fd
         self.counters = counters
+        self.gone = False  # the exporter closed its end: no more copies are made for it
+        self.stop = threading.Event()  # the trainer's streams ended and the parser took nothing for a while
+        self.progress = time.monotonic()  # when the parser last took bytes
         self._lock = threading.Lock()
-        self._gap = False
-        self._size = pipe_size(fd) if fd is not None else None
-        if fd is not None:
-            os.set_blocking(fd, False)
+        os.set_blocking(fd, False)
 
-    def send(self, tag: bytes, data: memoryview) -> None:
-        if self.fd is None:
-            return
+    def frame(self, tag: bytes, src: int, n: int) -> int:
+        """Moves `n` bytes of the pipe `src` (or none: a GAP) to the parser as one frame; the bytes moved, fewer than
+        `n` once the frame could not be finished (the exporter is gone, or `stop`): the parser drops a cut frame."""
         with self._lock:
-            i = 0
-            while i < len(data):
-                room = self._room()
-                if self._gap and room >= HEADER.size and self._frame(GAP, b""):
-                    self._gap = False
-                    room -= HEADER.size
-                piece = data[i:i + min(room - HEADER.size, MAX_FRAME)]
-                if self._gap or len(piece) <= 0 or not self._frame(tag, piece):
-                    self.counters.add("parse_dropped_bytes", len(data) - i)  # the pipe is full: the rest too
-                    if not self._gap:
-                        self.counters.add("gaps")
-                    self._gap = True
-                    return
-                i += len(piece)
+            if self.gone or self.stop.is_set() or not self._write(HEADER.pack(tag, n)):
+                return -1
+            done = 0
+            while done < n:
+                moved = self._splice(src, n - done)
+                if moved is None:  # no splice here: copied
+                    data = os.read(src, n - done)
+                    if not self._write(data):
+                        return done + len(data)
+                    moved = len(data)
+                if moved < 0:
+                    return done
+                done += moved
+            return done
 
-    def _room(self) -> int:
-        """Bytes a write is sure to take whole: the pipe's free bytes less two pages (a partly read page and a
-        partly written one each take a whole slot), or PIPE_BUF where that cannot be told."""
-        if self._size is None:
-            return FRAME
-        try:
-            buf = array.array("i", [0])
-            fcntl.ioctl(self.fd, termios.FIONREAD, buf)
-        except OSError:
-            return FRAME
-        return max(FRAME, self._size - buf[0] - 2 * PAGE)
+    def _splice(self, src: int, n: int) -> int | None:
+        """Bytes moved from `src`, -1 once nothing can be, None where splice(2) cannot be used."""
+        while _SPLICE is not None:
+            try:
+                moved = _SPLICE(src, self.fd, n, flags=os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK)
+            except BlockingIOError:
+                if not self._wait():
+                    return -1
+                continue
+            except InterruptedError:
+                continue
+            except (OSError, ValueError) as e:
+                if isinstance(e, OSError) and e.errno in (errno.EINVAL, errno.ENOSYS):
+                    return None
+                self.gone = True
+                return -1
+            self.progress = time.monotonic()
+            return moved
+        return None
 
-    def _frame(self, tag: bytes, piece: bytes | memoryview) -> bool:
-        header = HEADER.pack(tag, len(piece))
-        try:
-            n = os.writev(self.fd, (header, piece))
-        except BlockingIOError:
-            return False
-        except OSError:  # the exporter is gone: the copy to the log goes on
-            self.fd = None
-            return False
-        if n < len(header) + len(piece):  # never expected (room was checked): finish the frame, or stop the copy
-            rest = (bytes(header) + bytes(piece))[n:]
-            deadline = time.monotonic() + 5.0
-            while rest and time.monotonic() < deadline:
-                select.select([], [self.fd], [], 0.1)
-                try:
-                    rest = rest[os.write(self.fd, rest):]
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    break
-            if rest:
-                note("the parser's copy was cut inside a frame: parsing stops here (the trainer's output goes on)")
-                os.close(self.fd)
-                self.fd = None
+    def _write(self, data: bytes) -> bool:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self.fd, view):]
+                self.progress = time.monotonic()
+            except BlockingIOError:
+                if not self._wait():
+                    return False
+            except InterruptedError:
+                continue
+            except OSError:  # the exporter is gone: the copy to the log goes on
+                self.gone = True
+                return False
         return True
 
+    def _wait(self) -> bool:
+        """Waits for room in the parser's pipe; False once told to stop."""
+        while not self.stop.is_set():
+            with contextlib.suppress(InterruptedError):
+                _, ready, _ = select.select([], [self.fd], [], 0.2)
+                if ready:
+                    return True
+        return False
 
-def pipe_size(fd: int) -> int | None:
-    try:
-        return fcntl.fcntl(fd, getattr(fcntl, "F_GETPIPE_SZ", 1032))
-    except OSError:
-        return None
+
+class ParseCopy:
+    """One stream's copy for the parser: a pipe of our own (`mid`) that the stream's bytes are duplicated into
+    (tee(2): no copy made, or written where tee cannot be used), and a feeder thread that moves them on to the
+    parser in frames. When `mid` is full (the parser is behind), what does not fit is dropped for parsing only
+    (counted), and a GAP frame marks the place, so that the text on both sides of the hole is never glued into one
+    line: `gaps` holds the offsets in `mid`'s bytes where a hole is, appended before any byte after it."""
+
+    def __init__(self, tag: bytes, feed: ParseFeed, counters: Counters) -> None:
+        self.tag = tag
+        self.feed = feed
+        self.counters = counters
+        self.mid_r, self.mid_w = os.pipe()
+        set_pipe_size(self.mid_w)
+        os.set_blocking(self.mid_w, False)
+        self.written = 0  # bytes put into mid
+        self.gaps: deque[int] = deque()
+        self._in_gap = False
+        self.ended = False  # set after the stream's last byte went into mid
+        self.thread = threading.Thread(target=self._feed, daemon=True)
+
+    @property
+    def wanted(self) -> bool:
+        return not self.feed.gone
+
+    def teed(self, n: int) -> None:
+        self.written += n
+        self._in_gap = False
+
+    def dropped(self, n: int) -> None:
+        if not self.wanted:
+            return
+        self.counters.add("parse_dropped_bytes", n)
+        if not self._in_gap:
+            self.gaps.append(self.written)
+            self.counters.add("gaps")
+            self._in_gap = True
+
+    def offer(self, data: memoryview) -> None:
+        """Where tee cannot be used: the bytes written into mid, what does not fit dropped."""
+        if not self.wanted:
+            return
+        try:
+            n = os.write(self.mid_w, data)
+        except BlockingIOError:
+            n = 0
+        except OSError:
+            n = 0
+        if n:
+            self.teed(n)
+        if n < len(data):
+            self.dropped(len(data) - n)
+
+    def end(self) -> None:
+        self.ended = True
+        os.close(self.mid_w)
+
+    def _feed(self) -> None:
+        fed = 0
+        while True:
+            held = pending(self.mid_r)  # first: any hole before these bytes is in `gaps` by now
+            gap = self.gaps[0] if self.gaps else None
+            if gap is not None and gap <= fed:
+                if self.feed.frame(GAP, self.mid_r, 0) < 0:
+                    break
+                self.gaps.popleft()
+                continue
+            if not held:
+                if self.ended and not pending(self.mid_r):
+                    return
+                with contextlib.suppress(InterruptedError):
+                    select.select([self.mid_r], [], [], 0.2)
+                if self.feed.stop.is_set() or self.feed.gone:
+                    break
+                continue
+            n = min(held, MAX_FRAME, gap - fed if gap is not None else held)
+            moved = self.feed.frame(self.tag, self.mid_r, n)
+            if moved < n:
+                self.dropped(max(moved, 0))  # a cut frame: the parser drops it whole
+                break
+            fed += n
+        self.dropped(pending(self.mid_r))  # what the parser never took
 
 
 class Logs:
@@ -279,26 +459,69 @@ class Logs:
 LOGS = Logs()
 
 
-def pump(src: int, out: Output | None, tag: bytes, parse: Parse, counters: Counters) -> None:
+def pump(src: int, name: str, out: Output | None, copy: ParseCopy | None, counters: Counters) -> None:
+    """Copies one of the trainer's streams to its output and offers it to the parser. From a pipe to an output the
+    bytes are not copied through us at all: duplicated into the parser's copy (tee) and moved on (splice), so a
+    trainer printing at memory speed waits on us little more than on its output. Elsewhere (a file or terminal as
+    input, no output) they are read and written."""
     buf = bytearray(CHUNK)  # one buffer, read into again and again: no new memory (and page faults) per read
     whole = memoryview(buf)
+    zero_copy = out is not None and _SPLICE is not None and stat.S_ISFIFO(os.fstat(src).st_mode)
     while True:
         try:
-            n = os.readv(src, [buf])
+            if zero_copy:
+                n = _pass_pipe(src, out, copy, whole)
+            else:
+                n = os.readv(src, [buf])
+                if n:
+                    if out is not None:
+                        out.write(whole[:n])  # first the log, whatever parsing does
+                    if copy is not None:
+                        copy.offer(whole[:n])
         except InterruptedError:
             continue
+        except NoZeroCopy:
+            zero_copy = False
+            continue
         except OSError as e:  # the trainer's pipe failed: its copy ends here, said (not taken for its end)
-            note(f"reading the trainer's {'stderr' if tag == b'e' else 'stdout'} failed ({e}); its copy stops here")
+            note(f"reading the trainer's {name} failed ({e}); its copy stops here")
             n = 0
         if not n:
             break
-        data = whole[:n]
         counters.add("bytes_read", n)
-        if out is not None:
-            out.write(data)  # first the log, whatever parsing does
-        parse.send(tag, data)
         LOGS.flush()
     os.close(src)
+    if copy is not None:
+        copy.end()
+
+
+class NoZeroCopy(Exception):
+    """tee(2) is refused here: the stream is read and written instead."""
+
+
+def _pass_pipe(src: int, out: Output, copy: ParseCopy | None, buf: memoryview) -> int:
+    """One chunk of the pipe `src`: duplicated for the parser, then moved to `out`. 0 at its end."""
+    select.select([src], [], [])
+    teed = None
+    if copy is not None and copy.wanted:
+        try:
+            teed = tee(src, copy.mid_w, CHUNK)
+        except BlockingIOError:  # the parser's copy is full: this chunk is not parsed
+            pass
+        except OSError as e:  # no tee(2) here
+            raise NoZeroCopy from e
+        if teed == 0:
+            return 0
+    n = teed if teed else min(pending(src), CHUNK)
+    if not n:  # readable and empty: its end (we alone read it)
+        return 0
+    if copy is not None:
+        if teed:
+            copy.teed(n)
+        else:
+            copy.dropped(n)
+    out.forward(src, n, buf)
+    return n
 
 
 def read_logs(fd: int, done: threading.Event) -> None:
@@ -334,9 +557,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, signal.SIG_IGN)
     counters = Counters(args.counters)
     LOGS.counters = counters
-    parse = Parse(args.parse, counters)
+    feed = ParseFeed(args.parse, counters) if args.parse is not None else None
     outputs: dict[int, Output] = {}
-    threads = []
+    threads, copies = [], []
     for spec in args.stream:
         src, dst, tag = spec.split(":")
         out = None
@@ -344,16 +567,26 @@ def main(argv: list[str] | None = None) -> int:
             out = outputs.setdefault(int(dst), Output(int(dst), {1: "stdout", 2: "stderr"}.get(int(dst), dst),
                                                       counters))
         set_pipe_size(int(src))
-        threads.append(threading.Thread(target=pump, args=(int(src), out, tag.encode(), parse, counters)))
+        copy = ParseCopy(tag.encode(), feed, counters) if feed is not None else None
+        copies += [copy] if copy is not None else []
+        name = "stderr" if tag == "e" else "stdout"
+        threads.append(threading.Thread(target=pump, args=(int(src), name, out, copy, counters)))
     LOGS.outputs = sorted(outputs.values(), key=lambda o: o.fd != 2)  # stderr first
     done = threading.Event()
     logger = threading.Thread(target=read_logs, args=(args.log, done), daemon=True) if args.log is not None else None
-    for t in threads:
+    for t in [*threads, *(c.thread for c in copies)]:
         t.start()
     if logger is not None:
         logger.start()
     for t in threads:
         t.join()
+    if feed is not None:  # what the parser's copies hold: fed on while the parser takes it
+        ended = time.monotonic()
+        while any(c.thread.is_alive() for c in copies):
+            if time.monotonic() - max(feed.progress, ended) > LOG_DRAIN_SECONDS:
+                feed.stop.set()
+            for c in copies:
+                c.thread.join(0.2)
     if logger is not None:  # the exporter's last lines: until it closes its end (it does once the trainer exited)
         logger.join(LOG_DRAIN_SECONDS)
     done.set()
