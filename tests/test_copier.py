@@ -85,8 +85,8 @@ def test_bytes_from_a_pipe_to_a_pipe_never_pass_through_the_copier() -> None:
 
 @pytest.mark.parametrize("kind", ["file", "appended file", "pipe"])
 def test_every_kind_of_output_gets_every_byte(tmp_path: Path, kind: str) -> None:
-    """Chunks of every size, lines and binary: a regular file (spliced into), a file opened to append (which takes
-    no splice: copied) and a pipe all get the trainer's bytes exactly."""
+    """Chunks of every size, lines and binary: a regular file and a file opened to append (copied: neither is
+    spliced into) and a pipe (spliced into) all get the trainer's bytes exactly."""
     rng = random.Random(kind)
     pieces = []
     for i in range(400):
@@ -146,3 +146,34 @@ def test_a_parser_far_behind_loses_text_for_parsing_only_with_every_hole_marked(
             assert len(line) == 9, f"two pieces glued: {line!r}"
             whole += 1
     assert whole > PIPE_SIZE // 9  # the copier's pipes held lines for the parser, whole
+
+
+def test_stdout_and_stderr_into_one_file_lose_no_byte(tmp_path: Path) -> None:
+    """`run ... > pod.log 2>&1`: both streams write one open file. splice(2) moves the file's offset without the lock
+    that write(2) takes, so a splice and a write (or two splices) at once wrote at one offset and overwrote each other
+    (a quarter of the bytes lost): the file gets every byte of both streams."""
+    log = os.open(tmp_path / "pod.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    log2 = os.dup(log)  # 2>&1: two descriptors, one open file (one offset)
+    pipes = [os.pipe(), os.pipe()]
+    for _, w in pipes:
+        set_pipe_size(w)
+    try:
+        feed = CopierFeed([(pipes[0][0], log, "o"), (pipes[1][0], log2, "e")])
+    finally:
+        for fd in (pipes[0][0], pipes[1][0], log, log2):
+            os.close(fd)
+    chunks = [(b"o" * 1023 + b"\n") * 256, (b"e" * 1023 + b"\n") * 256]
+
+    def write(i: int) -> None:
+        for _ in range(32):
+            os.write(pipes[i][1], chunks[i])
+        os.close(pipes[i][1])
+    writers = [threading.Thread(target=write, args=(i,)) for i in (0, 1)]
+    for t in writers:
+        t.start()
+    _poll_all(feed)
+    for t in writers:
+        t.join()
+    data = (tmp_path / "pod.log").read_bytes()
+    assert len(data) == 2 * 32 * len(chunks[0])
+    assert data.count(b"o" * 1023 + b"\n") == data.count(b"e" * 1023 + b"\n") == 32 * 256

@@ -16,6 +16,7 @@ import textwrap
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 from conftest import REPO, exporter_cmd, free_port
 
@@ -339,9 +340,9 @@ def test_parsing_yields_the_cpu_to_the_trainer(tmp_path) -> None:
                     threads[int(tid)] = _nice(f"/proc/{p.pid}/task/{tid}/stat")
                 except OSError:
                     continue
-            for kid in open(f"/proc/{p.pid}/task/{p.pid}/children").read().split():
+            for kid in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split():
                 try:
-                    if b"exporter.sources.copier" in open(f"/proc/{kid}/cmdline", "rb").read():
+                    if b"exporter.sources.copier" in Path(f"/proc/{kid}/cmdline").read_bytes():
                         copier = _nice(f"/proc/{kid}/stat")
                 except OSError:
                     continue

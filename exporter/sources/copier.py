@@ -11,7 +11,7 @@ From a pipe to an output, the trainer's bytes never pass through this process: t
 parser's copy and splice(2) moves them on to the output, page references both, no byte copied (only the last byte
 of a chunk is read, to know whether the output is at a line boundary). A trainer printing at memory speed waits on
 us little more than on its output alone. A file or terminal as input, an output that takes no splice (a terminal,
-a file opened to append) and small chunks are read and written instead.
+a regular file: see `Output`) and small chunks are read and written instead.
 
 Each stream has its own thread: a slow reader of our stdout holds the trainer's stdout, as it would without us,
 never its stderr. A write that fails is retried, never given up for good:
@@ -107,7 +107,14 @@ class Output:
         self.at_boundary = True  # the last byte written ended a line (or nothing was written)
         self.closed = False  # EPIPE: nobody reads it any more
         self._failing = False  # the last chunk could not be written: the next is tried once, without waiting
-        self.splicing = _SPLICE is not None  # until our output refuses it
+        # Never into a regular file: splice(2) moves its offset without the lock write(2) takes, so with another
+        # writer on the same open file (`> pod.log 2>&1`: the other stream, the exporter's own log) both write at one
+        # offset and bytes are overwritten. A pipe or socket has no offset: spliced until it refuses.
+        try:
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        except OSError:
+            regular = False
+        self.splicing = _SPLICE is not None and not regular
 
     def write(self, data: memoryview) -> None:
         with self.lock:
@@ -117,7 +124,7 @@ class Output:
     def forward(self, src: int, n: int, buf: memoryview) -> None:
         """Moves `n` bytes that the pipe `src` holds to this output: spliced (no copy) but for the last byte, which
         is read and written, so that we know whether the output is at a line boundary; copied where splice cannot be
-        used (a terminal, a file opened to append), where the chunk is small, and where a splice failed (the copy
+        used (a terminal, a regular file), where the chunk is small, and where a splice failed (the copy
         retries, counts and says)."""
         with self.lock:
             if self.splicing and not self.closed and n >= SPLICE_MIN:
