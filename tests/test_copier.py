@@ -177,3 +177,25 @@ def test_stdout_and_stderr_into_one_file_lose_no_byte(tmp_path: Path) -> None:
     data = (tmp_path / "pod.log").read_bytes()
     assert len(data) == 2 * 32 * len(chunks[0])
     assert data.count(b"o" * 1023 + b"\n") == data.count(b"e" * 1023 + b"\n") == 32 * 256
+
+
+def test_short_lines_fill_the_parsers_copy_by_their_bytes_not_their_number() -> None:
+    """A trainer printing short lines one write each (a logger, python -u) while the parser is busy: a pipe holds
+    at most 256 buffers however small, and tee/splice handed on one per write, so 512 lines of 100 bytes filled the
+    parser's copy and the rest was dropped (two thirds of 200 kB, with 2 MiB of pipes). Copied by the feeder, they
+    take their bytes: 200 kB reach the parser whole, nothing dropped."""
+    out_r, out_w = os.pipe()
+    feed, src_w = _start(out_w)
+    os.close(out_w)
+    got: list[bytes] = []
+    reader = _drain(out_r, got)
+    lines = [b"step %06d loss 0.25 " % i + b"x" * 78 + b"\n" for i in range(2000)]
+    for line in lines:  # one buffer each: the copier keeps up with every write
+        os.write(src_w, line)
+        time.sleep(0.0005)
+    os.close(src_w)  # the parser was busy until now
+    text = _poll_all(feed)
+    reader.join(30)
+    assert b"".join(got) == b"".join(lines)
+    assert (feed.dropped_bytes, feed.gaps) == (0, 0)
+    assert text == b"".join(lines).decode()

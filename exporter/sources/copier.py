@@ -59,6 +59,11 @@ from collections.abc import Callable
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20  # asked of every pipe we read or feed (Linux: F_SETPIPE_SZ; the default is 64 KiB)
 MAX_FRAME = 256 << 10
+# A pipe holds at most PIPE_SIZE / 4 KiB buffers however small: every write of the trainer's that we keep up with is
+# one, tee(2) and splice(2) hand them on as they are, so a pipe of short lines held 256 of them, not 1 MiB. The
+# feeder splices only from this many bytes held in `mid` (at least 1 KiB a buffer): below, it copies, and the
+# parser's pipe holds bytes, not writes.
+SPLICE_FEED_MIN = 256 << 10
 HEADER = struct.Struct(">cI")
 GAP = b"g"
 RETRY_SECONDS = 1.0
@@ -255,15 +260,16 @@ class ParseFeed:
         self._lock = threading.Lock()
         os.set_blocking(fd, False)
 
-    def frame(self, tag: bytes, src: int, n: int) -> int:
-        """Moves `n` bytes of the pipe `src` (or none: a GAP) to the parser as one frame; the bytes moved, fewer than
-        `n` once the frame could not be finished (the exporter is gone, or `stop`): the parser drops a cut frame."""
+    def frame(self, tag: bytes, src: int, n: int, splice: bool = True) -> int:
+        """Moves `n` bytes of the pipe `src` (or none: a GAP) to the parser as one frame, spliced or (`splice` False)
+        copied; the bytes moved, fewer than `n` once the frame could not be finished (the exporter is gone, or
+        `stop`): the parser drops a cut frame."""
         with self._lock:
             if self.gone or self.stop.is_set() or not self._write(HEADER.pack(tag, n)):
                 return -1
             done = 0
             while done < n:
-                moved = self._splice(src, n - done)
+                moved = self._splice(src, n - done) if splice else None
                 if moved is None:  # no splice here: copied
                     data = os.read(src, n - done)
                     if not self._write(data):
@@ -395,7 +401,7 @@ class ParseCopy:
                     break
                 continue
             n = min(held, MAX_FRAME, gap - fed if gap is not None else held)
-            moved = self.feed.frame(self.tag, self.mid_r, n)
+            moved = self.feed.frame(self.tag, self.mid_r, n, splice=held >= SPLICE_FEED_MIN)
             if moved < n:
                 self.dropped(max(moved, 0))  # a cut frame: the parser drops it whole
                 break
