@@ -382,9 +382,8 @@ def _readable(specs: list[LogSpec]) -> None:
     for s in specs:
         if s.path == "-" or is_log_folder(s.path):
             continue
-        try:
-            with open(s.path, "rb"):
-                pass
+        try:  # without waiting: a FIFO's open waits for its writer (and closing it at once cuts the writer off)
+            os.close(os.open(s.path, os.O_RDONLY | os.O_NONBLOCK))
         except OSError as e:
             raise UsageError(f"cannot read log {s.path}: {e.strerror}") from None
 
@@ -531,7 +530,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from exporter.sources.stdin import StdinReader
     stdin = None
     if "-" in args.logs:  # the trainer's pipe: copied before anything here can fail, and whatever fails after
-        stdin = StdinReader(tee_fd=sys.stdout.fileno()).start()
+        stdin = StdinReader(tee_fd=sys.stdout.fileno(), log_format=args.log_format).start()
         setup = _until_up("serve", lambda: _serve_setup(args, stdin), lambda: stdin.wait(0))
     else:
         setup = _serve_setup(args, None)
@@ -633,7 +632,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for sig in FORWARDED_SIGNALS:  # before the trainer starts: it may print and be signalled at once
         signal.signal(sig, forward)
     try:
-        child = ChildOutput(args.child, relay_log=True)
+        child = ChildOutput(args.child, relay_log=True, log_format=args.log_format)
     except OSError as e:
         raise UsageError(f"cannot start {args.child[0]}: {e.strerror or e}") from None
     started.append(child)

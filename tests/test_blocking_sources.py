@@ -141,3 +141,28 @@ def test_a_read_that_hangs_holds_neither_a_scrape_nor_sigterm(tmp_path) -> None:
             assert took < 1.0 and value(body, "posttrain_step", run="train") is None
     finally:
         stop_within(p)
+
+
+def test_dump_of_a_fifo_waits_for_its_writer_then_reads_it_to_its_end(tmp_path) -> None:
+    """`dump FIFO` before anyone opened it for writing: it waits for the writer (as `cat` does, said once), instead
+    of taking the empty FIFO for an ended stream; then reads what the writer wrote, to its end."""
+    fifo = tmp_path / "train.fifo"
+    os.mkfifo(fifo)
+    p = subprocess.Popen(exporter_cmd("dump", str(fifo)), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        said = b""
+        os.set_blocking(p.stderr.fileno(), False)
+        deadline = time.monotonic() + 20
+        while b"waiting for one" not in said and time.monotonic() < deadline and p.poll() is None:
+            said += p.stderr.read() or b""
+            time.sleep(0.1)
+        assert b"no writer has opened the FIFO yet" in said, said
+        time.sleep(1.0)
+        assert p.poll() is None, "dump took a FIFO with no writer yet for an ended stream"
+        with open(fifo, "w") as w:
+            w.write("\n".join(LINES[:3]) + "\n")
+        out, _ = p.communicate(timeout=20)
+    finally:
+        p.kill()
+    assert p.returncode == 0
+    assert 'posttrain_step{run="train"} 3.0' in out.decode()

@@ -6,6 +6,7 @@ own log lines never land inside a trainer's line."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import resource
@@ -353,3 +354,24 @@ def test_parsing_yields_the_cpu_to_the_trainer(tmp_path) -> None:
     assert 10 in threads.values(), f"no thread of the exporter yields: {threads}"
     assert threads[p.pid] == 0 and copier == 0, (threads, copier)
     assert said.read_text() == "0"
+
+
+def test_the_copiers_own_lines_follow_the_exporters_log_format() -> None:
+    """--log.format json: the copier's note (nobody reads our stdout any more) is a JSON line as the exporter's are,
+    its message whole; a trainer's quote in the message does not break it."""
+    body = """
+        import os, time
+        for i in range(50):
+            os.write(1, b"step %d \\"quoted\\"\\n" % i)
+            time.sleep(0.01)
+    """
+    r, w = os.pipe()
+    os.close(r)  # nobody reads our stdout: EPIPE
+    res = subprocess.run(exporter_cmd("--log.format", "json", "--log-level", "warn", "run", "--no-gpu",
+                                      "--web.listen-address", f"127.0.0.1:{free_port()}", "--", *trainer(body)),
+                         cwd=REPO, stdout=w, stderr=subprocess.PIPE, timeout=60)
+    os.close(w)
+    assert res.returncode == 0
+    lines = [json.loads(ln) for ln in res.stderr.splitlines() if ln.strip()]
+    copier = [d for d in lines if d["logger"] == "posttrain-exporter.copier"]
+    assert copier and "nobody reads stdout any more" in copier[0]["msg"], res.stderr

@@ -45,7 +45,7 @@ class CopierFeed:
     a pipe for the exporter's own log lines (`log_fd`), written by the copier between the trainer's lines."""
 
     def __init__(self, streams: Sequence[tuple[int, int | None, str]], *, relay_log: bool = False,
-                 pipe_size: int = PIPE_SIZE, stats: FollowStats | None = None) -> None:
+                 pipe_size: int = PIPE_SIZE, stats: FollowStats | None = None, log_format: str = "logfmt") -> None:
         self.stats = stats or FollowStats()
         self.stats.up = True
         self.closed = False
@@ -56,7 +56,7 @@ class CopierFeed:
         parse_r, parse_w = os.pipe()
         set_pipe_size(parse_w, pipe_size)
         argv = [sys.executable, "-m", "exporter.sources.copier", "--parse", str(parse_w),
-                "--counters", str(self._counters_file.fileno())]
+                "--counters", str(self._counters_file.fileno()), "--log-format", log_format]
         keep = [parse_w, self._counters_file.fileno()]
         dups = []  # the copier's standard input is /dev/null: our own standard input is passed as another fd
         for src, dst, tag in streams:
@@ -165,7 +165,7 @@ class ChildOutput:
     """The trainer, started with its stdout and stderr on pipes that the copier alone reads."""
 
     def __init__(self, argv: Sequence[str], stdout_fd: int | None = 1, stderr_fd: int | None = 2,
-                 max_pending: int = PIPE_SIZE, relay_log: bool = False) -> None:
+                 max_pending: int = PIPE_SIZE, relay_log: bool = False, log_format: str = "logfmt") -> None:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
@@ -173,7 +173,7 @@ class ChildOutput:
             set_pipe_size(err_w)
             # the copier first: from the trainer's first byte, something reads its pipes
             self.feed = CopierFeed([(out_r, stdout_fd, "o"), (err_r, stderr_fd, "e")], relay_log=relay_log,
-                                   pipe_size=max_pending)
+                                   pipe_size=max_pending, log_format=log_format)
         except BaseException:
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)

@@ -32,7 +32,8 @@ only where the trainer's stderr is at a line boundary; held longer than HOLD_SEC
 at a boundary. A trainer's line is never cut by them. At most HELD_LINES wait (older ones dropped, counted).
 
 Usage: python -m exporter.sources.copier --stream SRC:DST:TAG [--stream ...] [--parse FD] [--log FD]
-[--counters FD]. DST -1: read and parse only. The counters are little-endian uint64s in a shared file (COUNTERS).
+[--counters FD] [--log-format logfmt|json]. DST -1: read and parse only. The counters are little-endian uint64s
+in a shared file (COUNTERS).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import json
 import mmap
 import os
 import select
@@ -95,10 +97,19 @@ class Counters:
                 struct.pack_into("<Q", self._map, 8 * i, self._local[i])
 
 
+LOG_FORMAT = ["logfmt"]  # the exporter's --log.format, set by main
+
+
 def note(text: str) -> None:
-    """The copier's own word, to our stderr as one line (it comes before or after a trainer's line, see `Logs`)."""
-    LOGS.add(f'ts={time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())} level=warn logger=posttrain-exporter.copier '
-             f'msg="{text}"\n'.encode())
+    """The copier's own word, to our stderr as one line (it comes before or after a trainer's line, see `Logs`), in
+    the exporter's log format: the fields of its lines (exporter/cli.py), the caller left out."""
+    fields = {"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "level": "warn",
+              "logger": "posttrain-exporter.copier", "msg": text}
+    if LOG_FORMAT[0] == "json":
+        line = json.dumps(fields, ensure_ascii=False)
+    else:
+        line = " ".join(f"{k}={v if k != 'msg' else json.dumps(v, ensure_ascii=False)}" for k, v in fields.items())
+    LOGS.add(line.encode() + b"\n")
 
 
 class Output:
@@ -291,11 +302,11 @@ class ParseFeed:
                 continue
             except InterruptedError:
                 continue
-            except (OSError, ValueError) as e:
-                if isinstance(e, OSError) and e.errno in (errno.EINVAL, errno.ENOSYS):
-                    return None
+            except BrokenPipeError:  # the exporter is gone: the copy to the log goes on
                 self.gone = True
                 return -1
+            except (OSError, ValueError):  # no splice between these two: copied (a write says what is wrong)
+                return None
             self.progress = time.monotonic()
             return moved
         return None
@@ -385,7 +396,8 @@ class ParseCopy:
     def _feed(self) -> None:
         fed = 0
         while True:
-            held = pending(self.mid_r)  # first: any hole before these bytes is in `gaps` by now
+            ended = self.ended  # first: once ended, every byte and hole of the stream is in what is read below
+            held = pending(self.mid_r)  # next: any hole before these bytes is in `gaps` by now
             gap = self.gaps[0] if self.gaps else None
             if gap is not None and gap <= fed:
                 if self.feed.frame(GAP, self.mid_r, 0) < 0:
@@ -393,7 +405,7 @@ class ParseCopy:
                 self.gaps.popleft()
                 continue
             if not held:
-                if self.ended and not pending(self.mid_r):
+                if ended:
                     return
                 with contextlib.suppress(InterruptedError):
                     select.select([self.mid_r], [], [], 0.2)
@@ -485,7 +497,11 @@ def pump(src: int, name: str, out: Output | None, copy: ParseCopy | None, counte
             if zero_copy:
                 n = _pass_pipe(src, out, copy, whole)
             else:
-                n = os.readv(src, [buf])
+                try:
+                    n = os.readv(src, [buf])
+                except BlockingIOError:  # an input someone made non-blocking: wait as a blocking read would
+                    select.select([src], [], [], 1.0)
+                    continue
                 if n:
                     if out is not None:
                         out.write(whole[:n])  # first the log, whatever parsing does
@@ -565,7 +581,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parse", type=int)
     p.add_argument("--log", type=int)
     p.add_argument("--counters", type=int)
+    p.add_argument("--log-format", choices=("logfmt", "json"), default="logfmt")
     args = p.parse_args(argv)
+    LOG_FORMAT[0] = args.log_format
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):  # the trainer's end ends us: its pipes close
         signal.signal(sig, signal.SIG_IGN)
     counters = Counters(args.counters)

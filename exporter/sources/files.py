@@ -23,6 +23,7 @@ from __future__ import annotations
 import codecs
 import logging
 import os
+import select
 import stat
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -75,6 +76,7 @@ class FileFollower:
         self._fifo: int | None = None  # the FIFO held open (stream mode)
         self._fifo_key: tuple[int, int] | None = None
         self._fifo_writer_gone = False  # the last read of the FIFO found no writer (end of a stream, for `dump`)
+        self._said_no_writer = False
         self._refused: int | None = None  # the mode of a path that is neither a file nor a FIFO, said once
 
     @property
@@ -150,12 +152,25 @@ class FileFollower:
                 self._fifo_writer_gone = False
                 return
             if not data:  # no writer now: the FIFO stays open for the next one
-                self._fifo_writer_gone = True
+                self._fifo_writer_gone = self._writer_left()
                 return
             self._fifo_writer_gone = False
             self.stats.bytes_read += len(data)
             self._line_ended = data[-1:] in (b"\n", b"\r")
             yield self._decoder.decode(data)
+
+    def _writer_left(self) -> bool:
+        """A writer came and went since we opened the FIFO (the end of a stream), not none came yet: Linux tells the
+        two apart by POLLHUP. `dump` of a FIFO nobody opened yet waits for its writer, as `cat` does."""
+        assert self._fifo is not None
+        poller = select.poll()
+        poller.register(self._fifo, select.POLLIN)
+        if not any(events & select.POLLHUP for _, events in poller.poll(0)):
+            if not self._said_no_writer:
+                log.info("%s: no writer has opened the FIFO yet: waiting for one", self.path)
+                self._said_no_writer = True
+            return False
+        return True
 
     def _close_fifo(self) -> None:
         if self._fifo is not None:

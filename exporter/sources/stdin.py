@@ -21,10 +21,12 @@ READ_SIZE = 1 << 20
 
 
 class StdinReader:
-    def __init__(self, fd: int = 0, tee_fd: int | None = None, max_pending: int = PIPE_SIZE) -> None:
+    def __init__(self, fd: int = 0, tee_fd: int | None = None, max_pending: int = PIPE_SIZE,
+                 log_format: str = "logfmt") -> None:
         self._fd = fd
         self._tee = tee_fd
         self._pipe_size = max_pending
+        self._log_format = log_format  # of the copier's own lines
         self.feed: CopierFeed | None = None
         self.stats = FollowStats(up=True)
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -33,7 +35,8 @@ class StdinReader:
     def start(self) -> StdinReader:
         """Starts the copier (with `tee_fd`; the first poll does it too)."""
         if self._tee is not None and self.feed is None:
-            self.feed = CopierFeed([(self._fd, self._tee, "i")], pipe_size=self._pipe_size, stats=self.stats)
+            self.feed = CopierFeed([(self._fd, self._tee, "i")], pipe_size=self._pipe_size, stats=self.stats,
+                                   log_format=self._log_format)
             # Only the copier reads our input from now on: were it gone, the writer upstream would be told so.
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, self._fd)
