@@ -61,11 +61,6 @@ from collections.abc import Callable
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20  # asked of every pipe we read or feed (Linux: F_SETPIPE_SZ; the default is 64 KiB)
 MAX_FRAME = 256 << 10
-# A pipe holds at most PIPE_SIZE / 4 KiB buffers however small: every write of the trainer's that we keep up with is
-# one, tee(2) and splice(2) hand them on as they are, so a pipe of short lines held 256 of them, not 1 MiB. The
-# feeder splices only from this many bytes held in `mid` (at least 1 KiB a buffer): below, it copies, and the
-# parser's pipe holds bytes, not writes.
-SPLICE_FEED_MIN = 256 << 10
 HEADER = struct.Struct(">cI")
 GAP = b"g"
 RETRY_SECONDS = 1.0
@@ -271,16 +266,15 @@ class ParseFeed:
         self._lock = threading.Lock()
         os.set_blocking(fd, False)
 
-    def frame(self, tag: bytes, src: int, n: int, splice: bool = True) -> int:
-        """Moves `n` bytes of the pipe `src` (or none: a GAP) to the parser as one frame, spliced or (`splice` False)
-        copied; the bytes moved, fewer than `n` once the frame could not be finished (the exporter is gone, or
-        `stop`): the parser drops a cut frame."""
+    def frame(self, tag: bytes, src: int, n: int) -> int:
+        """Moves `n` bytes of the pipe `src` (or none: a GAP) to the parser as one frame; the bytes moved, fewer than
+        `n` once the frame could not be finished (the exporter is gone, or `stop`): the parser drops a cut frame."""
         with self._lock:
             if self.gone or self.stop.is_set() or not self._write(HEADER.pack(tag, n)):
                 return -1
             done = 0
             while done < n:
-                moved = self._splice(src, n - done) if splice else None
+                moved = self._splice(src, n - done)
                 if moved is None:  # no splice here: copied
                     data = os.read(src, n - done)
                     if not self._write(data):
@@ -413,7 +407,7 @@ class ParseCopy:
                     break
                 continue
             n = min(held, MAX_FRAME, gap - fed if gap is not None else held)
-            moved = self.feed.frame(self.tag, self.mid_r, n, splice=held >= SPLICE_FEED_MIN)
+            moved = self.feed.frame(self.tag, self.mid_r, n)
             if moved < n:
                 self.dropped(max(moved, 0))  # a cut frame: the parser drops it whole
                 break
@@ -531,19 +525,27 @@ class NoZeroCopy(Exception):
 def _pass_pipe(src: int, out: Output, copy: ParseCopy | None, buf: memoryview) -> int:
     """One chunk of the pipe `src`: duplicated for the parser, then moved to `out`. 0 at its end."""
     select.select([src], [], [])
-    teed = None
+    held = min(pending(src), CHUNK)
+    if not held:  # readable and empty: its end (we alone read it)
+        return 0
+    if held < SPLICE_MIN:
+        # A small chunk is read and written: tee(2) would hand the parser's copy one pipe buffer per write of the
+        # trainer's, and a pipe holds 256 buffers however small (a trainer printing short lines one write each
+        # filled it after 256 lines); written, the bytes fill its pages.
+        n = read_exactly(src, buf[:held])
+        out.write(buf[:n])
+        if copy is not None:
+            copy.offer(buf[:n])
+        return n
+    teed = 0  # a chunk this large was written while we were busy: the trainer's writes filled whole pages
     if copy is not None and copy.wanted:
         try:
-            teed = tee(src, copy.mid_w, CHUNK)
+            teed = tee(src, copy.mid_w, held)
         except BlockingIOError:  # the parser's copy is full: this chunk is not parsed
             pass
         except OSError as e:  # no tee(2) here
             raise NoZeroCopy from e
-        if teed == 0:
-            return 0
-    n = teed if teed else min(pending(src), CHUNK)
-    if not n:  # readable and empty: its end (we alone read it)
-        return 0
+    n = teed or held
     if copy is not None:
         if teed:
             copy.teed(n)
