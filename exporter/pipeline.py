@@ -12,7 +12,7 @@ from exporter.console.postfix import PostfixReader
 from exporter.console.steps import StepClock
 from exporter.parsers import fastpath
 from exporter.parsers.chain import LineParserChain
-from exporter.parsers.record import ParseError, Record, RecordKind
+from exporter.parsers.record import ParseError, Record
 from exporter.runstate import RunState
 from exporter.samples.diversity import diversity_record
 from exporter.samples.reader import PanelError, SampleReader
@@ -93,6 +93,7 @@ def take_samples(run: RunState, stats: IngestStats, s: SampleSet) -> None:
         stats.lines[rec.fmt, "behind_run"] += 1
         return
     stats.lines[rec.fmt, "record"] += 1
+    run.sample_records += 1
     run.ingest(rec)
 
 
@@ -157,7 +158,7 @@ class ConsoleStream:
         self.postfixes.cleared()
 
     def postfix(self, description: str | None, n: int, total: str, bracket: str, nested: bool) -> None:
-        for rec in self.postfixes.draw(description, n, total, bracket, self.run.records[RecordKind.TRAIN]):
+        for rec in self.postfixes.draw(description, n, total, bracket, self.run.trainer_records):
             self._ingest(self.clock.record(rec))
 
     def bar_run(self, draws: list[tuple[str | None, str, str, str]]) -> None:
@@ -165,7 +166,7 @@ class ConsoleStream:
         bracket text), in one call: a bar with a description costs the clock nothing, and the postfix of a bar
         that is not the training bar is only counted."""
         self.stats.bar_draws += len(draws)
-        clock, postfixes, records = self.clock, self.postfixes, self.run.records
+        clock, postfixes, run = self.clock, self.postfixes, self.run
         refused = postfixes.refused
         not_training = 0
         for description, n, total, bracket in draws:
@@ -177,14 +178,14 @@ class ConsoleStream:
                 if description in refused and postfixes.idle:
                     not_training += 1
                     continue
-                for rec in postfixes.draw(description, int(n), total, bracket, records[RecordKind.TRAIN]):
+                for rec in postfixes.draw(description, int(n), total, bracket, run.trainer_records):
                     self._ingest(clock.record(rec))
         if not_training:
             self.stats.lines[POSTFIX_FORMAT, "not_training"] += not_training
 
     def _release_postfix(self) -> None:
         """The postfix record waiting for its bar's next draw, when none is coming (the stream ended or went quiet)."""
-        for rec in self.postfixes.release(self.run.records[RecordKind.TRAIN]):
+        for rec in self.postfixes.release(self.run.trainer_records):
             self._ingest(self.clock.record(rec))
 
     def nested_bar(self) -> None:

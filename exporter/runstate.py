@@ -73,6 +73,8 @@ class RunState:
     last_record_time: float = 0.0
     first_record_time: float = 0.0  # with last_record_time and the record count: the run's mean pace (stale)
     records: Counter[str] = field(default_factory=Counter)  # by kind
+    # of records["train"]: completion sets' diversity (pipeline.take_samples), no metric of the trainer's
+    sample_records: int = 0
     keys_dropped: Counter[str] = field(default_factory=Counter)  # values of keys not exported, by reason
     values_skipped: Counter[str] = field(default_factory=Counter)  # by reason
     resets: int = 0
@@ -92,6 +94,12 @@ class RunState:
 
     def __post_init__(self) -> None:
         self._new_judgment()
+
+    @property
+    def trainer_records(self) -> int:
+        """Training records the trainer logged: a completion set's diversity is a training record at its step (it
+        becomes series), but no metric of the training's."""
+        return self.records[RecordKind.TRAIN] - self.sample_records
 
     def _new_judgment(self) -> None:
         self.derived = DerivedState(self.settings, {n: i.label for n, i in INSTRUMENTS.items()})

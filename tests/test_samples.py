@@ -378,3 +378,21 @@ def test_a_hostile_panel_costs_bounded_memory_and_time() -> None:
     assert len(got.samples[0].prompt) <= panels.MAX_CELL
     again = [s for line in _trl_panel(80, 2, ["a b", "c d"], [" e", " f"]).splitlines() if (s := reader.line(line))]
     assert [s.step for s in again] == [2]
+
+
+def test_a_log_of_completion_samples_only_is_no_data_and_says_why(tmp_path: Path) -> None:
+    """The trainer's metric records filtered out of a real log, its completion panels left: the diversity of each set
+    is a record at its step, but no metric of the training's was read, so the run is no_data (never healthy), and
+    the hint says that only samples were read."""
+    text = (CORPUS / "grpo_samples_healthy" / "combined.log").read_text(encoding="utf-8")
+    kept = "".join(ln for ln in text.splitlines(keepends=True) if "{'loss'" not in ln and "'train_runtime'" not in ln)
+    assert kept.count("\n") < text.count("\n")
+    log = tmp_path / "panels.log"
+    log.write_text(kept, encoding="utf-8")
+    r = run_cli("report", str(log), "--output.format", "json")
+    assert r.returncode == 0, r.stderr
+    (one,) = json.loads(r.stdout)["runs"]
+    assert one["read"]["records"].get("samples", 0) > 10, one["read"]
+    assert one["verdict"] == "no_data" and one["read"]["training_records"] == 0, one["read"]
+    text = run_cli("report", str(log)).stdout.decode()
+    assert text.startswith("run panels: NO DATA") and "try: only completion samples were read" in text, text[:800]

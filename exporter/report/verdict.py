@@ -21,10 +21,10 @@ from exporter.detectors.catalog import Detector, SeriesKey
 from exporter.instruments.derived import REGIME_OF
 from exporter.instruments.keymap import INSTRUMENTS
 from exporter.instruments.window import window_stats
-from exporter.parsers.record import RecordKind
 from exporter.report.digest import RunDigest
 from exporter.runbooks import RUNBOOK_BASE
 from exporter.runstate import RunState
+from exporter.samples.diversity import FORMAT as SAMPLES_FORMAT
 
 if TYPE_CHECKING:
     from exporter.pipeline import IngestStats
@@ -44,7 +44,7 @@ class ReadSummary:
 
     lines: int  # lines (or file records) read: records, progress-bar draws, unmatched lines, errors
     records: dict[str, int]  # records by format (hf, json, verl, trainer_state, ...)
-    training_records: int  # of which training records (not evaluation, not the end-of-run summary)
+    training_records: int  # of which the trainer's training records (not evaluation, summary or completion sets)
     unmatched: int  # lines no parser claimed
     errors: int  # lines a parser claimed but could not read
     progress: int  # progress-bar draws
@@ -61,7 +61,7 @@ def read_summary(run: RunState, stats: IngestStats | None) -> ReadSummary:
     for (fmt, outcome), n in counts.items():
         if outcome == "record":
             records[fmt] = records.get(fmt, 0) + n
-    return ReadSummary(sum(counts.values()), records, run.records[RecordKind.TRAIN],
+    return ReadSummary(sum(counts.values()), records, run.trainer_records,
                        sum(n for (_, o), n in counts.items() if o == "unmatched"),
                        sum(n for (_, o), n in counts.items() if o == "error"),
                        sum(n for (_, o), n in counts.items() if o == "progress"))
@@ -81,7 +81,7 @@ def stale(run: RunState, now: float) -> bool:
 def verdict_of(run: RunState, found: list[Finding], now: float | None = None) -> str:
     """no_data without a training record; else unhealthy with a finding; else stale when judged live (`now`) and
     the run has gone quiet; else healthy."""
-    if not run.records[RecordKind.TRAIN]:
+    if not run.trainer_records:
         return NO_DATA
     if found:
         return UNHEALTHY
@@ -96,7 +96,10 @@ def hints(read: ReadSummary) -> list[str]:
         return ["nothing was read: check the path, and that the trainer writes there (the trainer container's "
                 "stdout and stderr, or its log file; PYTHONUNBUFFERED=1 so lines are not held in a buffer)"]
     out = []
-    if read.records:
+    if set(read.records) == {SAMPLES_FORMAT}:
+        out.append(f"only completion samples were read ({read.records[SAMPLES_FORMAT]} sets), no metrics record of the "
+                   "trainer's: give the exporter the trainer's log or output_dir too")
+    elif read.records:
         out.append("records were read but none is a training record (evaluation or the end-of-run summary only): "
                    "the run may have crashed before its first logged step")
     else:
