@@ -214,7 +214,7 @@ def _libc_tee() -> Callable[[int, int, int, int], int] | None:
 
 _TEE = _libc_tee()
 _SPLICE = getattr(os, "splice", None)
-SPLICE_MIN = 1 << 16  # a smaller chunk is copied: three system calls for a page or two cost more than the copy
+SPLICE_MIN = 1 << 14  # a smaller chunk is copied: three system calls for a few pages cost more than the copy
 
 
 def tee(src: int, dst: int, n: int) -> int:
