@@ -15,6 +15,7 @@ from exporter.parsers.chain import LineParserChain
 from exporter.parsers.record import ParseError, Record
 from exporter.runstate import RunState
 from exporter.samples.diversity import diversity_record
+from exporter.samples.reader import DROP_REASONS as SAMPLE_DROP_REASONS
 from exporter.samples.reader import PanelError, SampleReader
 from exporter.samples.sampleset import SampleSet
 
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 # One warning per run and kind of bad input (format and reason): a broken stream must not flood the
 # sidecar's own log.
 # Reasons a line is dropped unread (posttrain_exporter_lines_dropped_total), all exported from the start.
-LINE_DROP_REASONS = ("too_long",)
+LINE_DROP_REASONS = ("too_long", *SAMPLE_DROP_REASONS)
 # Reasons a console record's step is doubted (posttrain_exporter_step_disagreements_total), exported from the start.
 # epoch: a fallback step that the record's epoch contradicts; cut_line: a record lost to a cut line made the pairing
 # of the records after it with the bar's redraws a guess (checked against their epoch); late_redraw: a record took
@@ -108,7 +109,8 @@ class ConsoleStream:
         self.framer = ConsoleFramer(self, max_line_length)
         self._blocks = parsers.metrics_blocks  # the Trainer's metrics blocks the parsers follow (None: none)
         self.clock = StepClock(stats.step_disagreements)
-        self.samples = SampleReader()  # lines no metric parser takes: the trainer's printed completions
+        # lines no metric parser takes: the trainer's printed completions (what they leave out: lines_dropped)
+        self.samples = SampleReader(self.stats.lines_dropped)
         self.postfixes = PostfixReader(stats.lines, accumulation)  # metrics in bar postfixes (console/postfix.py)
         self.clock.sources = stats.step_sources  # where each record's step came from, counted for the run
         self.last_data = time.monotonic()
@@ -129,6 +131,7 @@ class ConsoleStream:
         self._waiting_since = None
         self._ingest(self.clock.flush())
         self._release_postfix()
+        self.samples.finish()
         self._no_records_after_bars()
 
     def settle(self, wait_seconds: float) -> None:

@@ -396,3 +396,39 @@ def test_a_log_of_completion_samples_only_is_no_data_and_says_why(tmp_path: Path
     assert one["verdict"] == "no_data" and one["read"]["training_records"] == 0, one["read"]
     text = run_cli("report", str(log)).stdout.decode()
     assert text.startswith("run panels: NO DATA") and "try: only completion samples were read" in text, text[:800]
+
+
+def _dropped(ex: Exporter, run: str) -> dict[str, float]:
+    text = _scrape(ex)
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        rf'posttrain_exporter_lines_dropped_total\{{reason="(\w+)",run="{run}"\}} ([0-9.e+]+)', text)}
+
+
+def test_what_the_sample_readers_leave_out_is_counted(tmp_path: Path, monkeypatch) -> None:
+    """Right or loud: a panel cut off by the end of the stream, rows past the cap of a panel, and verl samples that
+    no step line followed are counted in lines_dropped by reason (before, each was left out without a trace); the
+    complete panel beside them is read whole."""
+    from exporter.samples import panels
+    monkeypatch.setattr(panels, "MAX_ROWS", 2)
+    prompts = ["What is 1 plus 2?", "What is 3 plus 3?", "What is 4 plus 4?"]
+    capped = _trl_panel(80, 3, prompts, [" 3", " 6", " 8"])
+    cut = _trl_panel(80, 4, prompts[:2], [" 3", " 6"]).splitlines()[:-1]  # no bottom line: the stream ended
+    log = tmp_path / "d.log"
+    log.write_text(capped + "\n".join(cut) + "\n", encoding="utf-8")
+    ex = Exporter(Config(), [LogSpec(str(log), "d")])
+    ex.read_to_end()
+    assert [len(s.samples) for s in ex.runs["d"].samples.sets.values()] == [2]
+    body = capped.splitlines()
+    last_separator = max(i for i, ln in enumerate(body) if ln.startswith("│ ├"))
+    third_row = [ln for ln in body[last_separator:] if ln.startswith("│ │")]  # the row past the cap, its lines
+    dropped = _dropped(ex, "d")
+    assert dropped["panel_rows_over_cap"] == len(third_row) >= 1, dropped
+    assert dropped["panel_unfinished"] == len(cut), dropped
+
+    verl = tmp_path / "v.log"
+    tail = VERL.split("(TaskRunner pid=4242) step:2")[0]  # the second step's samples, and no step line after them
+    verl.write_text(tail, encoding="utf-8")
+    ex = Exporter(Config(), [LogSpec(str(verl), "v")])
+    ex.read_to_end()
+    second = tail.split("step:1")[1].splitlines()[2:]  # the lines after step 1's line and the worker's warning
+    assert _dropped(ex, "v")["samples_without_step"] == len(second), (_dropped(ex, "v"), second)

@@ -36,8 +36,6 @@ from collections import Counter
 from exporter.parsers.record import Record, RecordKind
 
 FORMAT = "tqdm_postfix"  # the format label of postfix records (posttrain_exporter_lines_total)
-# How a draw that carries a postfix ended, each counted once (lines_total{format="tqdm_postfix", outcome=...}).
-OUTCOMES = ("record", "repeat", "not_training", "superseded", "accumulating", "no_numbers")
 
 _DIGITS = re.compile(r"\d+")
 _PERCENTAGE = re.compile(r"(?::\s*+)?\d{1,3}+%\s*+$")  # tqdm's `{desc}: {percentage}%` before the bar

@@ -180,7 +180,10 @@ class ExporterCollector(Collector):
                                       "label value such as a reward component), key_too_long (over "
                                       "limits.max_key_length), key_not_utf8.", labels=["run", "reason"])
         lines_dropped = CounterMetricFamily(p + "lines_dropped", "Lines dropped unread, by reason: too_long "
-                                            "(over limits.max_line_length characters).", labels=["run", "reason"])
+                                            "(over limits.max_line_length characters); of printed completions: "
+                                            "panel_unfinished, panel_rows_over_cap, samples_without_step (lines), "
+                                            "samples_over_cap, sample_without_response (samples).",
+                                            labels=["run", "reason"])
         skipped = CounterMetricFamily(p + "values_skipped", "Logged values not exported, by reason: not numbers "
                                       "(none, non_numeric), out of a float's range (out_of_range), or steps that "
                                       "are no non-negative integer below 2**53 (step_*; the record is kept "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 
 from exporter.samples.sampleset import Sample, SampleSet
 
@@ -39,7 +40,9 @@ class PanelReader:
     """Feed it lines; `line()` returns a SampleSet when a panel ends, else None. Raises PanelError for a panel
     whose table does not read (the rest of it is skipped)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dropped: Counter[str] | None = None) -> None:
+        self.dropped: Counter[str] = Counter() if dropped is None else dropped  # lines left out, by reason
+        self._lines = 0  # lines of the open panel taken so far
         self._step: int | None = None  # inside a panel of this step
         self._headers: list[str] = []
         self._rows: list[list[list[str]]] = []  # rows, each cells, each its lines
@@ -70,8 +73,9 @@ class PanelReader:
         if not (text.startswith("│") and text.endswith("│")) or len(text) < 4:
             self._foreign += 1
             if self._foreign > _MAX_FOREIGN:
-                self._step = None
+                self.finish()
             return None
+        self._lines += 1
         if self._broken:
             return None
         try:
@@ -81,9 +85,17 @@ class PanelReader:
             raise
         return None
 
+    def finish(self) -> None:
+        """The panel never ended (its bottom line never came: the stream ended, or too much other text came inside
+        it): its lines are counted as dropped."""
+        if self._step is not None:
+            self.dropped["panel_unfinished"] += self._lines + 1  # its title line too
+            self._step = None
+
     def _start(self, step: int) -> None:
+        self.finish()  # a new title inside an open panel: the open one never ended
         self._step, self._headers, self._rows, self._cells = step, [], [], None
-        self._ncols, self._foreign, self._broken, self._kept = 0, 0, False, 0
+        self._ncols, self._foreign, self._broken, self._kept, self._lines = 0, 0, False, 0, 0
 
     def _table_line(self, inner: str) -> None:
         head = inner[:1]
@@ -94,6 +106,9 @@ class PanelReader:
             for i, piece in enumerate(self._split(inner, "┃")):
                 self._headers[i] = (self._headers[i] + " " + piece).strip() if piece else self._headers[i]
         elif head == "│":
+            if len(self._rows) >= MAX_ROWS:
+                self.dropped["panel_rows_over_cap"] += 1
+                return
             if self._cells is None:
                 self._cells = [[] for _ in range(self._ncols)]
                 self._lengths = [0] * self._ncols

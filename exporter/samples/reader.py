@@ -3,15 +3,25 @@ a complete set comes back once (TRL prints the last step's panel again after its
 
 from __future__ import annotations
 
+from collections import Counter
+
 from exporter.samples.panels import PanelError, PanelReader
 from exporter.samples.sampleset import SampleSet
 from exporter.samples.verl import VerlSampleReader
 
+# What the sample readers leave out, by reason (posttrain_exporter_lines_dropped_total): the lines of a panel whose
+# bottom never came (the stream ended, or other text filled it), the lines of rows past panels.MAX_ROWS, the lines
+# of verl samples no step line closed, and verl samples past verl.MAX_SAMPLES or without a response (one each).
+DROP_REASONS = ("panel_unfinished", "panel_rows_over_cap", "samples_without_step", "samples_over_cap",
+                "sample_without_response")
+
 
 class SampleReader:
-    def __init__(self) -> None:
-        self.panels = PanelReader()
-        self.verl = VerlSampleReader()
+    def __init__(self, dropped: Counter[str] | None = None) -> None:
+        """`dropped`: where the lines the readers leave out are counted, by reason (the run's lines_dropped)."""
+        self.dropped: Counter[str] = Counter() if dropped is None else dropped
+        self.panels = PanelReader(self.dropped)
+        self.verl = VerlSampleReader(self.dropped)
         self._last: SampleSet | None = None
         self.repeats = 0  # sets read again and left out (the repeated last panel)
 
@@ -34,6 +44,11 @@ class SampleReader:
         """A metric line of `step` arrived: the verl samples read before it are its set."""
         return self._fresh(self.verl.close(step)) if self.verl.pending else None
 
+    def finish(self) -> None:
+        """End of input: a panel or samples left open are counted as dropped."""
+        self.panels.finish()
+        self.verl.finish()
+
     def _fresh(self, s: SampleSet | None) -> SampleSet | None:
         if s is None:
             return None
@@ -45,4 +60,4 @@ class SampleReader:
         return s
 
 
-__all__ = ["PanelError", "SampleReader"]
+__all__ = ["DROP_REASONS", "PanelError", "SampleReader"]

@@ -19,9 +19,6 @@ class SampleSet:
     source: str  # "trl_panel", "trl_parquet", "verl"
     samples: tuple[Sample, ...]
 
-    def same_rows(self, other: SampleSet) -> bool:
-        return self.step == other.step and self.samples == other.samples
-
 
 def normal(text: str) -> str:
     """The text as compared for diversity: runs of whitespace as one space, ends stripped (a printed table wraps

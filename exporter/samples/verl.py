@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 
 from exporter.samples.sampleset import Sample, SampleSet
 
@@ -25,7 +26,9 @@ _TEXT_FIELDS = ("prompt", "response", "ground_truth")
 
 
 class VerlSampleReader:
-    def __init__(self) -> None:
+    def __init__(self, dropped: Counter[str] | None = None) -> None:
+        self.dropped: Counter[str] = Counter() if dropped is None else dropped  # lines left out, by reason
+        self._lines = 0  # lines of the samples read since the last close
         self._done: list[Sample] = []
         self._fields: dict[str, str] = {}
         self._scores: dict[str, float] = {}
@@ -42,6 +45,8 @@ class VerlSampleReader:
         if m is None:
             return self._continue(text)
         prefix, key, value = m.group(1) or "", m.group(2), m.group(3)
+        if key == "prompt" or self._fields:
+            self._lines += 1
         if key == "prompt":
             self._finish()
             self._fields = {"prompt": value[:MAX_TEXT]}
@@ -67,18 +72,30 @@ class VerlSampleReader:
             self._open = None  # another process's line, or text without the sample's prefix: the field ended
             return False
         rest = text[p.end() :] if p else text
+        self._lines += 1
         value = self._fields[self._open]
         if len(value) < MAX_TEXT:
             self._fields[self._open] = (value + "\n" + rest)[:MAX_TEXT]
         return True
 
     def _finish(self) -> None:
-        if "response" in self._fields and len(self._done) < MAX_SAMPLES:
-            self._done.append(Sample(self._fields.get("prompt", ""), self._fields["response"], dict(self._scores)))
+        if "response" in self._fields:
+            if len(self._done) < MAX_SAMPLES:
+                self._done.append(Sample(self._fields.get("prompt", ""), self._fields["response"], dict(self._scores)))
+            else:
+                self.dropped["samples_over_cap"] += 1
+        elif self._fields:
+            self.dropped["sample_without_response"] += 1
         self._fields, self._scores, self._open = {}, {}, None
 
     def close(self, step: int) -> SampleSet | None:
         """The samples read so far are step `step`'s (its metric line has come)."""
         self._finish()
-        done, self._done = self._done, []
+        done, self._done, self._lines = self._done, [], 0
         return SampleSet(step, "verl", tuple(done)) if done else None
+
+    def finish(self) -> None:
+        """The stream ended: samples no metric line closed have no step; their lines are counted as dropped."""
+        if self._done or self._fields:
+            self.dropped["samples_without_step"] += self._lines
+        self._done, self._fields, self._scores, self._open, self._lines = [], {}, {}, None, 0

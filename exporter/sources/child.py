@@ -207,10 +207,6 @@ class ChildOutput:
     def dropped_bytes(self) -> int:
         return self.feed.dropped_bytes
 
-    @property
-    def gaps(self) -> int:
-        return self.feed.gaps
-
     def poll(self, timeout: float = 0.0) -> list[str]:
         return self.feed.poll(timeout)
 
