@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
 import re
 import secrets
 import signal
+import stat
 import sys
 import threading
 import time
@@ -383,7 +385,12 @@ def _readable(specs: list[LogSpec]) -> None:
         if s.path == "-" or is_log_folder(s.path):
             continue
         try:  # without waiting: a FIFO's open waits for its writer (and closing it at once cuts the writer off)
-            os.close(os.open(s.path, os.O_RDONLY | os.O_NONBLOCK))
+            fd = os.open(s.path, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                if stat.S_ISDIR(os.fstat(fd).st_mode):  # opens, but is no log (a folder of logs was taken above)
+                    raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+            finally:
+                os.close(fd)
         except OSError as e:
             raise UsageError(f"cannot read log {s.path}: {e.strerror}") from None
 
