@@ -24,6 +24,7 @@ from exporter.instruments.settings import DerivedSettings
 from exporter.parsers.record import Record, RecordKind
 from exporter.parsers.training import Training, TrainingStart
 from exporter.parsers.values import MAX_STEP
+from exporter.samples.diversity import FORMAT as SAMPLES_FORMAT
 from exporter.samples.store import SampleStore
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,8 @@ class RunState:
     last_record_time: float = 0.0
     first_record_time: float = 0.0  # with last_record_time and the record count: the run's mean pace (stale)
     records: Counter[str] = field(default_factory=Counter)  # by kind
-    # of records["train"]: completion sets' diversity (pipeline.take_samples), no metric of the trainer's
+    # of records["train"]: completion sets' diversity (pipeline.take_samples, counted in ingest), no metric of the
+    # trainer's
     sample_records: int = 0
     keys_dropped: Counter[str] = field(default_factory=Counter)  # values of keys not exported, by reason
     values_skipped: Counter[str] = field(default_factory=Counter)  # by reason
@@ -121,6 +123,10 @@ class RunState:
         if len(rec.numbers) > self.limits.max_keys:
             rec = self.narrowed(rec)
         self.records[rec.kind] += 1
+        if rec.fmt == SAMPLES_FORMAT and rec.kind is RecordKind.TRAIN:
+            # counted here, by the run that takes it: a console stream's run may be a wrapper (launch.py), and a
+            # counter set on it would never reach this run
+            self.sample_records += 1
         self.last_record_time = time.time()
         self.first_record_time = self.first_record_time or self.last_record_time
         if rec.skipped:

@@ -432,3 +432,21 @@ def test_what_the_sample_readers_leave_out_is_counted(tmp_path: Path, monkeypatc
     ex.read_to_end()
     second = tail.split("step:1")[1].splitlines()[2:]  # the lines after step 1's line and the worker's warning
     assert _dropped(ex, "v")["samples_without_step"] == len(second), (_dropped(ex, "v"), second)
+
+
+def test_completion_sets_are_no_trainer_records_in_run_mode_too(tmp_path: Path) -> None:
+    """`run` hands the console stream a wrapper of the run (launch.py: ConsoleBesideFeed, MaybeFeed), not the
+    RunState: the count of completion sets must reach the run itself, or a run of samples only reads healthy under
+    `run` (and a set's record makes the next postfix record look superseded)."""
+    from exporter.launch import Launch
+    from exporter.report.verdict import verdict_of
+    text = (CORPUS / "grpo_samples_healthy" / "combined.log").read_text(encoding="utf-8")
+    kept = "".join(ln for ln in text.splitlines(keepends=True) if "{'loss'" not in ln and "'train_runtime'" not in ln)
+    log = tmp_path / "panels.log"
+    log.write_text(kept, encoding="utf-8")
+    for launch in (None, Launch("trainer"), Launch("p")):
+        ex = Exporter(Config(), [LogSpec(str(log), "p")], launch=launch)
+        ex.read_to_end()
+        run = ex.runs["p"]
+        assert run.sample_records > 10 and run.trainer_records == 0, (launch, run.sample_records, run.records)
+        assert verdict_of(run, []) == "no_data", launch
