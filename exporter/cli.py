@@ -384,7 +384,13 @@ def _readable(specs: list[LogSpec]) -> None:
     for s in specs:
         if s.path == "-" or is_log_folder(s.path):
             continue
-        try:  # without waiting: a FIFO's open waits for its writer (and closing it at once cuts the writer off)
+        try:
+            if stat.S_ISFIFO(os.stat(s.path).st_mode):
+                # Never opened here: a reader's open, blocking or not, lets a writer waiting in its own open go on,
+                # and closing it at once leaves that writer with no reader (EPIPE, SIGPIPE) before the follower opens
+                if not os.access(s.path, os.R_OK):
+                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+                continue
             fd = os.open(s.path, os.O_RDONLY | os.O_NONBLOCK)
             try:
                 if stat.S_ISDIR(os.fstat(fd).st_mode):  # opens, but is no log (a folder of logs was taken above)

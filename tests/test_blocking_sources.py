@@ -166,3 +166,33 @@ def test_dump_of_a_fifo_waits_for_its_writer_then_reads_it_to_its_end(tmp_path) 
         p.kill()
     assert p.returncode == 0
     assert 'posttrain_step{run="train"} 3.0' in out.decode()
+
+
+def test_dump_of_a_fifo_whose_writer_waits_already_never_cuts_it_off(tmp_path) -> None:
+    """The usual order, `trainer > FIFO &` then `dump FIFO`: the writer waits in its open for a reader. dump's
+    readability check must not open the FIFO: its open lets the writer go on, and its close at once leaves the
+    writer with no reader (EPIPE; SIGPIPE kills a shell's redirect), and dump then waits for a writer that never
+    comes. Here the writer writes a moment after its open returns; the check must leave it waiting for the reader
+    that reads it (the follower's open, here ours)."""
+    from exporter.cli import _readable
+    from exporter.config import LogSpec
+    fifo = tmp_path / "train.fifo"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import os, sys, time
+        fd = os.open(sys.argv[1], os.O_WRONLY)  # waits for a reader
+        time.sleep(0.3)
+        os.write(fd, b"written\\n")
+        os.close(fd)
+        """), str(fifo)], stderr=subprocess.PIPE)
+    try:
+        time.sleep(0.5)  # the writer waits in its open
+        _readable([LogSpec(str(fifo), "train")])
+        time.sleep(0.6)  # had the check let the writer go, it wrote by now, to no reader
+        assert writer.poll() is None, writer.communicate()[1].decode()
+        with open(fifo, "rb") as r:  # the follower's open
+            assert r.read() == b"written\n"
+        _, werr = writer.communicate(timeout=10)
+        assert writer.returncode == 0, werr.decode()
+    finally:
+        writer.kill()
