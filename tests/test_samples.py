@@ -450,3 +450,17 @@ def test_completion_sets_are_no_trainer_records_in_run_mode_too(tmp_path: Path) 
         run = ex.runs["p"]
         assert run.sample_records > 10 and run.trainer_records == 0, (launch, run.sample_records, run.records)
         assert verdict_of(run, []) == "no_data", launch
+
+
+def test_a_verl_sample_left_out_is_counted_once() -> None:
+    """A sample without a response, then a whole one, then the stream ends: the first is one sample_without_response
+    (not also lines of samples_without_step), the whole one's lines are samples_without_step."""
+    from exporter.samples.verl import VerlSampleReader
+    reader = VerlSampleReader()
+    lines = ["(T pid=1) [prompt] What is 1 plus 1?", "(T pid=1) [ground_truth] 2", "(T pid=1) [score] 0.0",
+             "(T pid=1) [prompt] What is 2 plus 2?", "(T pid=1) [response] 4", "(T pid=1) and more of it",
+             "(T pid=1) [score] 1.0"]
+    for line in lines:
+        reader.line(line)
+    reader.finish()
+    assert dict(reader.dropped) == {"sample_without_response": 1, "samples_without_step": 4}

@@ -28,7 +28,8 @@ _TEXT_FIELDS = ("prompt", "response", "ground_truth")
 class VerlSampleReader:
     def __init__(self, dropped: Counter[str] | None = None) -> None:
         self.dropped: Counter[str] = Counter() if dropped is None else dropped  # lines left out, by reason
-        self._lines = 0  # lines of the samples read since the last close
+        self._lines = 0  # lines of the samples kept since the last close
+        self._sample_lines = 0  # lines of the sample being read
         self._done: list[Sample] = []
         self._fields: dict[str, str] = {}
         self._scores: dict[str, float] = {}
@@ -45,15 +46,15 @@ class VerlSampleReader:
         if m is None:
             return self._continue(text)
         prefix, key, value = m.group(1) or "", m.group(2), m.group(3)
-        if key == "prompt" or self._fields:
-            self._lines += 1
         if key == "prompt":
             self._finish()
             self._fields = {"prompt": value[:MAX_TEXT]}
-            self._open, self._prefix = "prompt", prefix
-        elif not self._fields:
+            self._open, self._prefix, self._sample_lines = "prompt", prefix, 1
+            return True
+        if not self._fields:
             return False  # a bracketed word outside a sample
-        elif key in _TEXT_FIELDS:
+        self._sample_lines += 1
+        if key in _TEXT_FIELDS:
             self._fields[key] = value[:MAX_TEXT]
             self._open = key
         else:
@@ -72,21 +73,22 @@ class VerlSampleReader:
             self._open = None  # another process's line, or text without the sample's prefix: the field ended
             return False
         rest = text[p.end() :] if p else text
-        self._lines += 1
+        self._sample_lines += 1
         value = self._fields[self._open]
         if len(value) < MAX_TEXT:
             self._fields[self._open] = (value + "\n" + rest)[:MAX_TEXT]
         return True
 
     def _finish(self) -> None:
-        if "response" in self._fields:
-            if len(self._done) < MAX_SAMPLES:
-                self._done.append(Sample(self._fields.get("prompt", ""), self._fields["response"], dict(self._scores)))
-            else:
-                self.dropped["samples_over_cap"] += 1
+        """The sample read so far is complete: kept, or counted once as dropped (a sample, not its lines)."""
+        if "response" in self._fields and len(self._done) < MAX_SAMPLES:
+            self._done.append(Sample(self._fields.get("prompt", ""), self._fields["response"], dict(self._scores)))
+            self._lines += self._sample_lines
+        elif "response" in self._fields:
+            self.dropped["samples_over_cap"] += 1
         elif self._fields:
             self.dropped["sample_without_response"] += 1
-        self._fields, self._scores, self._open = {}, {}, None
+        self._fields, self._scores, self._open, self._sample_lines = {}, {}, None, 0
 
     def close(self, step: int) -> SampleSet | None:
         """The samples read so far are step `step`'s (its metric line has come)."""
@@ -96,6 +98,7 @@ class VerlSampleReader:
 
     def finish(self) -> None:
         """The stream ended: samples no metric line closed have no step; their lines are counted as dropped."""
-        if self._done or self._fields:
+        self._finish()
+        if self._done:
             self.dropped["samples_without_step"] += self._lines
-        self._done, self._fields, self._scores, self._open, self._lines = [], {}, {}, None, 0
+        self._done, self._lines = [], 0
