@@ -102,9 +102,13 @@ class Exporter:
         return FileInput(spec, self._console(spec))
 
     def _merged(self, run: RunState) -> None:
-        """A log of `run` turned out to be its trainer's feed: the log's own run (earlier trainings only) goes."""
+        """A log of `run` turned out to be its trainer's feed: the log's own run (earlier trainings only) goes; what
+        its stream counts (lines, errors, drops, before and after) is the trainer's run's from now on."""
         if self.runs.get(run.name) is run:
-            del self.runs[run.name], self.stats[run.name]
+            del self.runs[run.name]
+            stats = self.stats.pop(run.name)
+            if self.launch is not None:
+                self.stats[self.launch.run].merged.append(stats)
 
     def _kubernetes(self, spec: LogSpec) -> Source:
         """k8s://: bad paths, a missing POD_NAMESPACE/POD_NAME, package or credentials stop the start here."""

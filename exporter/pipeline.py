@@ -47,6 +47,22 @@ class IngestStats:
         self.step_disagreements: Counter[str] = Counter()  # console records whose step disagrees, by reason
         self.step_sources: Counter[str] = Counter()  # console records without their own step, by its source
         self._warned: set[tuple[str, ...]] = set()  # what was logged once already, for this run alone
+        # the counts of a log that turned out to be this run's feed (app._merged): its stream counts there still
+        self.merged: list[IngestStats] = []
+
+    def total(self) -> IngestStats:
+        """This run's counts with those of the streams merged into it (what is exported and reported)."""
+        if not self.merged:
+            return self
+        out = IngestStats()
+        for part in (self, *(m.total() for m in self.merged)):
+            for mine, theirs in ((out.lines, part.lines), (out.parse_errors, part.parse_errors),
+                                 (out.lines_dropped, part.lines_dropped),
+                                 (out.step_disagreements, part.step_disagreements),
+                                 (out.step_sources, part.step_sources)):
+                mine.update(theirs)
+            out.bar_draws += part.bar_draws
+        return out
 
     def first_time(self, *what: str) -> bool:
         """True the first time `what` happens to this run: bad input is counted, and logged only once."""

@@ -4,8 +4,10 @@ as its run, its exit status and signals; and `serve --log -` copying its input t
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -303,3 +305,35 @@ def test_sigterm_ends_the_linger_at_once() -> None:
     finally:
         p.kill()
     assert p.returncode == 0
+
+
+def test_a_log_that_is_the_trainers_feed_counts_its_lines_for_the_trainers_run(tmp_path) -> None:
+    """`run --` with a feed log beside it: once the feed's identity line names this launch, the log's records are the
+    trainer's run, and so are its lines, records and unreadable lines in /metrics and in the verdict's `read` (before,
+    its counts stayed with the log's own run, which is dropped: they were lost from both)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    from exporter.app import Exporter
+    from exporter.config import Config, LogSpec
+    from exporter.exposition.collector import ExporterCollector
+    from exporter.launch import Launch
+
+    launch = Launch("trainer")
+    feed = tmp_path / "feed.jsonl"
+    identity = {"posttrain_training": {"id": "t1", "started": "2026-11-26T06:04:02Z", "step": 0,
+                                       "launch": launch.token}}
+    rows = [json.dumps(identity)] + [json.dumps({"loss": 1.0 / i, "step": i}) for i in range(1, 6)]
+    rows.insert(3, '{"loss": 0.5, "step": ')  # a cut line inside the feed
+    feed.write_text("\n".join(rows) + "\n")
+    ex = Exporter(Config(), [LogSpec(str(feed), "feed", "json")], launch=launch)
+    ex.read_to_end()
+    assert set(ex.runs) == {"trainer"} and ex.runs["trainer"].step == 5
+    registry = CollectorRegistry()
+    registry.register(ExporterCollector(ex))
+    text = generate_latest(registry).decode()
+    records = re.search(r'posttrain_exporter_lines_total\{format="jsonl",outcome="record",run="trainer"\} (\S+)', text)
+    assert records and float(records.group(1)) == 6, text[:3000]  # the identity line and the five
+    assert re.search(r'posttrain_exporter_parse_errors_total\{format="jsonl",reason="\w+",run="trainer"\} 1', text)
+    (doc,) = ex.verdict()["runs"]
+    assert doc["read"]["records"].get("jsonl") == 6 and doc["read"]["errors"] == 1, doc["read"]

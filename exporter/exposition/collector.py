@@ -211,7 +211,7 @@ class ExporterCollector(Collector):
                                     "records).", labels=["run", "outcome"])
         signal = ex.stop_signal
         for name, run in ex.runs.items():
-            st = ex.stats[name]
+            st = ex.stats[name].total()
             for (fmt, outcome), n in sorted(st.line_counts().items()):
                 lines.add_metric([name, fmt, outcome], n)
             for (fmt, reason), n in sorted(st.parse_errors.items()):

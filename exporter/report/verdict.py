@@ -56,7 +56,7 @@ class ReadSummary:
 
 
 def read_summary(run: RunState, stats: IngestStats | None) -> ReadSummary:
-    counts = stats.line_counts() if stats is not None else {}
+    counts = stats.total().line_counts() if stats is not None else {}
     records: dict[str, int] = {}
     for (fmt, outcome), n in counts.items():
         if outcome == "record":
