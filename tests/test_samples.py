@@ -464,3 +464,17 @@ def test_a_verl_sample_left_out_is_counted_once() -> None:
         reader.line(line)
     reader.finish()
     assert dict(reader.dropped) == {"sample_without_response": 1, "samples_without_step": 4}
+
+
+def test_a_panel_given_up_for_the_text_inside_it_is_counted_whole(tmp_path: Path) -> None:
+    """More than 64 other lines inside a panel (another process's output interleaved): the panel is given up, and
+    every line of it, those that came after the give-up included, is counted as dropped; the next panel is read."""
+    lines = _trl_panel(80, 3, ["What is 1 plus 2?", "What is 3 plus 3?"], [" 3", " 6"]).splitlines()
+    noise = [f"worker 7: a line of its own {i}" for i in range(70)]
+    good = _trl_panel(80, 4, ["What is 1 plus 2?", "What is 3 plus 3?"], [" 3", " 6"])
+    log = tmp_path / "g.log"
+    log.write_text("\n".join(lines[:4] + noise + lines[4:]) + "\n" + good, encoding="utf-8")
+    ex = Exporter(Config(), [LogSpec(str(log), "g")])
+    ex.read_to_end()
+    assert list(ex.runs["g"].samples.sets) == [4]
+    assert _dropped(ex, "g")["panel_unfinished"] == len(lines), (_dropped(ex, "g"), len(lines))

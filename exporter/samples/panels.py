@@ -43,6 +43,7 @@ class PanelReader:
     def __init__(self, dropped: Counter[str] | None = None) -> None:
         self.dropped: Counter[str] = Counter() if dropped is None else dropped  # lines left out, by reason
         self._lines = 0  # lines of the open panel taken so far
+        self._given_up = False  # a panel was given up: the rest of it is counted as it comes
         self._step: int | None = None  # inside a panel of this step
         self._headers: list[str] = []
         self._rows: list[list[list[str]]] = []  # rows, each cells, each its lines
@@ -55,7 +56,8 @@ class PanelReader:
 
     @property
     def open(self) -> bool:
-        return self._step is not None
+        """Inside a panel, or in the rest of one given up (its rows are counted as dropped until its bottom line)."""
+        return self._step is not None or self._given_up
 
     def line(self, text: str) -> SampleSet | None:
         if "\x1b" in text:
@@ -67,6 +69,8 @@ class PanelReader:
                 self._start(int(m.group(1)))
                 return None
         if self._step is None:
+            if self._given_up:
+                self._rest_of_given_up(text)
             return None
         if text.startswith("╰"):
             return self._end()
@@ -74,6 +78,7 @@ class PanelReader:
             self._foreign += 1
             if self._foreign > _MAX_FOREIGN:
                 self.finish()
+                self._given_up, self._foreign = True, 0
             return None
         self._lines += 1
         if self._broken:
@@ -92,7 +97,18 @@ class PanelReader:
             self.dropped["panel_unfinished"] += self._lines + 1  # its title line too
             self._step = None
 
+    def _rest_of_given_up(self, text: str) -> None:
+        """After a panel was given up (too much other text inside it): its rows and bottom line, counted as dropped,
+        until the bottom line or as much other text again."""
+        if text.startswith("│") or text.startswith("╰"):
+            self.dropped["panel_unfinished"] += 1
+            self._given_up = not text.startswith("╰")
+        else:
+            self._foreign += 1
+            self._given_up = self._foreign <= _MAX_FOREIGN
+
     def _start(self, step: int) -> None:
+        self._given_up = False
         self.finish()  # a new title inside an open panel: the open one never ended
         self._step, self._headers, self._rows, self._cells = step, [], [], None
         self._ncols, self._foreign, self._broken, self._kept, self._lines = 0, 0, False, 0, 0
