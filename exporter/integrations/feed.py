@@ -10,14 +10,13 @@ and opened again at the next record; the records lost meanwhile are counted and 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import numbers
 import os
-from collections.abc import Callable, Mapping
-from typing import IO
+from collections.abc import Mapping
 
+from exporter.integrations.appender import LineAppender
 from exporter.parsers.training import Training
 
 log = logging.getLogger(__name__)
@@ -60,47 +59,23 @@ class FeedWriter:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        self.written = 0
-        self.lost = 0  # records that could not be written
-        self._file: IO[str] | None = None
-        self._failing = False
+        self._out = LineAppender(path, "feed", "record", log)
+
+    @property
+    def written(self) -> int:
+        return self._out.written
+
+    @property
+    def lost(self) -> int:
+        """Records that could not be written."""
+        return self._out.lost
 
     def begin(self, training: Training) -> bool:
         """A training starts: its identity line, before its records."""
-        return self._put(training.line)
+        return self._out.put(training.line)
 
     def write(self, step: int, values: Mapping[str, object]) -> bool:
-        return self._put(lambda: feed_line(step, values))
-
-    def _put(self, make_line: Callable[[], str | None]) -> bool:
-        try:
-            line = make_line()
-            if line is None:
-                return False
-            if self._file is None:
-                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-                self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  (kept open across records)
-            self._file.write(line)
-            self._file.flush()
-        except Exception as e:  # a full disk, a volume gone, a value json refuses: never the trainer's problem
-            self.lost += 1
-            self._close_quietly()
-            if not self._failing:
-                self._failing = True
-                log.warning("posttrain-exporter feed: cannot write %s (%s); training goes on, and writing is tried "
-                            "again at the next record", self.path, e)
-            return False
-        self.written += 1
-        if self._failing:
-            self._failing = False
-            log.warning("posttrain-exporter feed: writing %s again (%d records were lost)", self.path, self.lost)
-        return True
+        return self._out.put(lambda: feed_line(step, values))
 
     def close(self) -> None:
-        self._close_quietly()
-
-    def _close_quietly(self) -> None:
-        f, self._file = self._file, None
-        if f is not None:
-            with contextlib.suppress(Exception):  # closing a file on a vanished volume fails too: nothing to do
-                f.close()
+        self._out.close()

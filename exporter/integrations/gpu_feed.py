@@ -19,10 +19,11 @@ import sys
 import threading
 import time
 from types import ModuleType
-from typing import IO, Any
+from typing import Any
 
 from exporter.gpu.feed_samples import sample_line
 from exporter.gpu.sampler import GpuSampler, SamplerConfig
+from exporter.integrations.appender import LineAppender
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +51,7 @@ class GpuFeedWriter:
         # the slow fields (ECC, retired pages) stay the sidecar's business: not sampled in the trainer
         self.sampler = GpuSampler(nvml, SamplerConfig(interval_seconds=self.interval, slow_interval_seconds=3600.0),
                                   env=env)
-        self.written = 0
-        self.lost = 0
-        self._file: IO[str] | None = None
-        self._failing = False
+        self._out = LineAppender(path, "GPU feed", "sample", log)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -70,31 +68,23 @@ class GpuFeedWriter:
             self._thread = None
         with contextlib.suppress(Exception):
             self.sampler.stop(timeout)
-        self._close()
+        self._out.close()
+
+    @property
+    def written(self) -> int:
+        return self._out.written
+
+    @property
+    def lost(self) -> int:
+        """Samples that could not be taken or written."""
+        return self._out.lost
 
     def sample_once(self) -> bool:
         """One poll, one line; False when it could not be written. Never raises."""
-        try:
+        def line() -> str:
             snap = self.sampler.poll_once()
-            line = sample_line(time.time(), snap.gpus, snap.nvml_up, cuda_device_count())
-            if self._file is None:
-                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-                self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  (kept open across polls)
-            self._file.write(line)
-            self._file.flush()
-        except Exception as e:  # a full disk, a vanished volume: never the trainer's problem
-            self.lost += 1
-            self._close()
-            if not self._failing:
-                self._failing = True
-                log.warning("posttrain-exporter GPU feed: cannot write %s (%s); training goes on, retried at the "
-                            "next poll", self.path, e)
-            return False
-        self.written += 1
-        if self._failing:
-            self._failing = False
-            log.warning("posttrain-exporter GPU feed: writing %s again (%d samples were lost)", self.path, self.lost)
-        return True
+            return sample_line(time.time(), snap.gpus, snap.nvml_up, cuda_device_count())
+        return self._out.put(line)
 
     def _run(self) -> None:
         next_at = time.monotonic()
@@ -106,8 +96,3 @@ class GpuFeedWriter:
                 next_at = now + self.interval
             self._stop.wait(next_at - now)
 
-    def _close(self) -> None:
-        f, self._file = self._file, None
-        if f is not None:
-            with contextlib.suppress(Exception):
-                f.close()
