@@ -530,3 +530,25 @@ def test_the_chart_passes_the_gpu_source_to_the_exporter_and_refuses_an_unknown_
                                                                      "expected": False}
         with pytest.raises(Exception, match="source"):
             chart.render(values={"gpu": {"source": "dcgm-exporter"}}, name="demo", namespace="ml")
+
+
+def test_the_gpu_feed_writer_counts_what_it_cannot_write_and_writes_again(tmp_path, caplog) -> None:
+    """The trainer's GPU feed where its folder cannot be made (a file holds the name): samples are lost, counted,
+    said once; once the way is clear, the next sample is written and that is said too. Never raises."""
+    import logging
+
+    from fake_nvml import FakeGpu, FakeNvml
+
+    from exporter.integrations.gpu_feed import GpuFeedWriter
+    blocker = tmp_path / "volume"
+    blocker.write_text("not a folder")
+    writer = GpuFeedWriter(blocker / "gpu-samples.jsonl", 1.0, nvml=FakeNvml([FakeGpu("GPU-0000")]), env={})
+    with caplog.at_level(logging.WARNING, logger="exporter.integrations.gpu_feed"):
+        assert not writer.sample_once() and not writer.sample_once()
+        assert writer.lost == 2 and writer.written == 0
+        assert sum("cannot write" in r.getMessage() for r in caplog.records) == 1
+        blocker.unlink()
+        assert writer.sample_once()
+        assert writer.written == 1 and "again (2 samples were lost)" in caplog.records[-1].getMessage()
+    writer.stop()
+    assert json.loads((blocker / "gpu-samples.jsonl").read_text().splitlines()[0])
