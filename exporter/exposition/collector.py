@@ -222,7 +222,8 @@ class ExporterCollector(Collector):
                 last.add_metric([name], run.last_record_time)
             for reason in KEY_DROP_REASONS:
                 dropped.add_metric([name, reason], run.keys_dropped[reason])
-            for reason in LINE_DROP_REASONS:
+            # the known reasons always (zero from the start), and any other counted: none is counted unexported
+            for reason in (*LINE_DROP_REASONS, *sorted(set(st.lines_dropped) - set(LINE_DROP_REASONS))):
                 lines_dropped.add_metric([name, reason], st.lines_dropped[reason])
             for reason in STEP_DISAGREEMENT_REASONS:
                 disagreements.add_metric([name, reason], st.step_disagreements[reason])

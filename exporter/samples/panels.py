@@ -29,6 +29,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*+[A-Za-z]")
 MAX_ROWS = 4096  # rows kept of one panel: a printout of a whole large batch is read, its rows past this are not
 MAX_CELL = 4000  # characters kept of one cell
 MAX_PANEL = 1 << 21  # characters kept of one panel: a hostile or huge table costs bounded memory
+# what a panel reader leaves out, by reason (lines): a panel whose bottom never came, rows past MAX_ROWS
+DROP_REASONS = ("panel_unfinished", "panel_rows_over_cap")
 _MAX_FOREIGN = 64  # other lines inside a panel before it is given up (another stream's text interleaved)
 
 

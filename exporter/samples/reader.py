@@ -5,15 +5,14 @@ from __future__ import annotations
 
 from collections import Counter
 
+from exporter.samples.panels import DROP_REASONS as PANEL_DROP_REASONS
 from exporter.samples.panels import PanelError, PanelReader
 from exporter.samples.sampleset import SampleSet
+from exporter.samples.verl import DROP_REASONS as VERL_DROP_REASONS
 from exporter.samples.verl import VerlSampleReader
 
-# What the sample readers leave out, by reason (posttrain_exporter_lines_dropped_total): the lines of a panel whose
-# bottom never came (the stream ended, or other text filled it), the lines of rows past panels.MAX_ROWS, the lines
-# of verl samples no step line closed, and verl samples past verl.MAX_SAMPLES or without a response (one each).
-DROP_REASONS = ("panel_unfinished", "panel_rows_over_cap", "samples_without_step", "samples_over_cap",
-                "sample_without_response")
+# What the sample readers leave out, by reason (posttrain_exporter_lines_dropped_total)
+DROP_REASONS = PANEL_DROP_REASONS + VERL_DROP_REASONS
 
 
 class SampleReader:

@@ -23,6 +23,9 @@ _PREFIX = re.compile(r"^\([\w.-]++ pid=\d++[^)]*+\) ?")
 MAX_SAMPLES = 1024  # samples kept of one step
 MAX_TEXT = 4000  # characters kept of one prompt or response
 _TEXT_FIELDS = ("prompt", "response", "ground_truth")
+# what the verl reader leaves out, by reason: the lines of samples no step line closed; samples past MAX_SAMPLES or
+# without a response (one each)
+DROP_REASONS = ("samples_without_step", "samples_over_cap", "sample_without_response")
 
 
 class VerlSampleReader:

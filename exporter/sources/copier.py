@@ -374,9 +374,7 @@ class ParseCopy:
             return
         try:
             n = os.write(self.mid_w, data)
-        except BlockingIOError:
-            n = 0
-        except OSError:
+        except OSError:  # full (EAGAIN): dropped below, counted
             n = 0
         if n:
             self.teed(n)
