@@ -14,7 +14,6 @@ Each way's trainer time is the median over --repeat runs, the ways interleaved w
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import statistics
 import subprocess
@@ -26,10 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from passthrough import REPO, TRAINER, make_stream, sink
 
-
-def set_pipe_size(fd: int) -> None:
-    """1 MiB, as `run` asks of the trainer's pipes (Linux F_SETPIPE_SZ)."""
-    fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+sys.path.insert(0, str(REPO))
+from exporter.sources.copier import set_pipe_size  # 1 MiB, as `run` asks of the trainer's pipes
 
 
 def one(way: str, root: Path, stream: Path) -> float:
