@@ -1,15 +1,18 @@
 """The trainer's output through `run -- CMD` and `serve --log -`: the trainer's own time next to the same trainer run
 alone, and the sidecar's peak memory (the exporter and its copier process), on a stream of mixed binary and text.
 
-    python bench/passthrough.py [--mb 200] [--repeat 3] [--exporter PATH_TO_A_CHECKOUT] [--json OUT]
+    python bench/passthrough.py [--mb 200] [--repeat 3] [--write-size B] [--scrape-every S]
+                                [--exporter PATH_TO_A_CHECKOUT] [--json OUT]
 
 The stream: real TRL console text (the GRPO fixture: records, tqdm redraws with \\r, ANSI) alternating with random
 binary blocks (no newline for up to 1 MiB: "lines" of any length), written by the trainer in 64 KiB writes
 (--write-size), three quarters to stdout and a quarter to stderr. Every way writes into pipes drained by `cat`, as
 a container runtime reads a pod's output, the trainer alone included. The trainer sleeps a second first (a trainer
 loads before it prints: the copier started beside it is up by then), then times its own writes, first to last; the
-bench reports the median of --repeat runs of each way, the ways interleaved, and the 99th percentile of scrapes of
-/metrics made every 50 ms while each way ran (the parser yields the CPU to the trainer, not to the scrapes). Peak
+bench reports the median of --repeat runs of each way, the ways interleaved, its ratio to the trainer alone with a
+bootstrap 90% interval of that ratio (times at this scale vary from one repeat to the next), and the 99th
+percentile of scrapes of /metrics made every 50 ms (--scrape-every; 0: none) while each way ran (the parser yields
+the CPU to the trainer, not to the scrapes; the scrapes themselves compete with it). Peak
 RSS is the kernel's high-water mark (VmHWM) of the exporter and of its copier, sampled every 20 ms until they exit;
 their sum is compared with the chart's memory request (helm values: 100Mi). `--exporter` runs another checkout
 (e.g. the code before issue 23) as a peer in the same run."""
@@ -109,8 +112,9 @@ def watch_memory(proc: subprocess.Popen, peaks: dict[int, int], done: threading.
         time.sleep(0.02)
 
 
-def scrape_while(port: int, done: threading.Event, took: list[float]) -> None:
-    """Scrapes /metrics every 50 ms while the way runs: what a burst costs the scrapes (the parser yields the CPU)."""
+def scrape_while(port: int, done: threading.Event, took: list[float], every: float) -> None:
+    """Scrapes /metrics every `every` seconds while the way runs: what a burst costs the scrapes (the parser yields
+    the CPU), and what the scrapes cost the trainer."""
     while not done.is_set():
         start = time.perf_counter()
         try:
@@ -119,7 +123,7 @@ def scrape_while(port: int, done: threading.Event, took: list[float]) -> None:
             took.append(time.perf_counter() - start)
         except OSError:  # not listening yet
             pass
-        done.wait(0.05)
+        done.wait(every)
 
 
 def sink() -> subprocess.Popen:
@@ -138,7 +142,7 @@ def wait_copier(proc: subprocess.Popen, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-def one(mode: str, stream: Path, exporter_root: Path, port: int, write_size: int) -> dict:
+def one(mode: str, stream: Path, exporter_root: Path, port: int, write_size: int, scrape_every: float = 0.05) -> dict:
     took_file = Path(tempfile.mktemp(prefix="took-"))
     trainer = [sys.executable, "-c", TRAINER, str(stream), str(took_file), str(write_size)]
     env = dict(os.environ, PYTHONPATH=str(exporter_root), OMP_NUM_THREADS="1")
@@ -149,8 +153,8 @@ def one(mode: str, stream: Path, exporter_root: Path, port: int, write_size: int
     scrapes: list[float] = []
     out, err = sink(), sink()
     done = threading.Event()
-    if mode != "alone":
-        threading.Thread(target=scrape_while, args=(port, done, scrapes), daemon=True).start()
+    if mode != "alone" and scrape_every > 0:
+        threading.Thread(target=scrape_while, args=(port, done, scrapes, scrape_every), daemon=True).start()
     start = time.perf_counter()
     if mode == "alone":
         subprocess.run(trainer, stdout=out.stdin, stderr=err.stdin, check=True)
@@ -185,12 +189,24 @@ def one(mode: str, stream: Path, exporter_root: Path, port: int, write_size: int
             "peaks_mib": sorted(round(v / 1024, 1) for v in peaks.values())}
 
 
+def ratio_ci(ways: list[float], alone: list[float], level: float = 0.9, draws: int = 2000) -> tuple[float, float]:
+    """A bootstrap interval of median(ways) / median(alone): how far the ratio of one invocation can be trusted on a
+    machine whose times vary from one repeat to the next (each side resampled with replacement; seeded)."""
+    rng = random.Random(23)
+    got = sorted(statistics.median(rng.choices(ways, k=len(ways))) / statistics.median(rng.choices(alone, k=len(alone)))
+                 for _ in range(draws))
+    cut = int((1 - level) / 2 * draws)
+    return got[cut], got[draws - 1 - cut]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--write-size", type=int, default=65536, help="bytes per write of the trainer (default 64 KiB)")
     ap.add_argument("--exporter", type=Path, action="append", default=[], help="another checkout, run as a peer")
+    ap.add_argument("--scrape-every", type=float, default=0.05,
+                    help="seconds between scrapes of /metrics while a way runs (default 0.05; 0: none)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
@@ -204,27 +220,32 @@ def main() -> None:
             rows.append({"root": "-", **one("alone", stream, REPO, 0, args.write_size)})
             for name, root in roots:
                 for mode in ("run", "stdin"):
-                    rows.append({"root": name, **one(mode, stream, root, free_port(), args.write_size)})
-    alone = statistics.median(r["trainer_s"] for r in rows if r["mode"] == "alone")
+                    rows.append({"root": name, **one(mode, stream, root, free_port(), args.write_size,
+                                                     args.scrape_every)})
+    alones = [r["trainer_s"] for r in rows if r["mode"] == "alone"]
+    alone = statistics.median(alones)
     print(f"stream: {size / 1e6:.0f} MB (text and binary) in writes of {args.write_size} bytes; trainer alone: "
           f"{alone:.3f} s (median of {args.repeat})")
-    print(f"{'exporter':<28} {'way':<6} {'trainer s':>9} {'x alone':>8} {'wall s':>7} {'copier CPU s':>12} "
-          f"{'scrape p99 s':>12} {'peak RSS MiB':>13}  (each)")
+    print(f"{'exporter':<28} {'way':<6} {'trainer s':>9} {'x alone':>8} {'90% CI':>11} {'wall s':>7} "
+          f"{'copier CPU s':>12} {'scrape p99 s':>12} {'peak RSS MiB':>13}  (each)")
     summary = []
     for name, _ in roots:
         for mode in ("run", "stdin"):
             sel = [r for r in rows if r["root"] == name and r["mode"] == mode]
             t = statistics.median(r["trainer_s"] for r in sel)
+            low, high = ratio_ci([r["trainer_s"] for r in sel], alones)
+            ci = f"{low:.2f}-{high:.2f}"
             rss = max(r["peak_rss_mib"] for r in sel)
             each = max(sel, key=lambda r: r["peak_rss_mib"])["peaks_mib"]
             wall = statistics.median(r["wall_s"] for r in sel)
             copier = statistics.median(r["copier_cpu_s"] for r in sel)
             scrapes = sorted(x for r in sel for x in r["scrapes_s"])
             p99 = scrapes[int(0.99 * (len(scrapes) - 1))] if scrapes else float("nan")
-            print(f"{name[-28:]:<28} {mode:<6} {t:>9.3f} {t / alone:>8.2f} {wall:>7.2f} {copier:>12.2f} {p99:>12.3f} "
-                  f"{rss:>13.1f}  {each}")
-            summary.append({"exporter": name, "way": mode, "trainer_s": t, "ratio": t / alone, "wall_s": wall,
-                            "copier_cpu_s": copier, "scrape_p99_s": p99, "scrapes": len(scrapes),
+            print(f"{name[-28:]:<28} {mode:<6} {t:>9.3f} {t / alone:>8.2f} {ci:>11} {wall:>7.2f} {copier:>12.2f} "
+                  f"{p99:>12.3f} {rss:>13.1f}  {each}")
+            summary.append({"exporter": name, "way": mode, "trainer_s": t, "ratio": t / alone,
+                            "ratio_ci90": [low, high], "wall_s": wall, "copier_cpu_s": copier,
+                            "scrape_p99_s": p99, "scrapes": len(scrapes),
                             "peak_rss_mib": rss, "under_request": rss < CHART_REQUEST_MIB})
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

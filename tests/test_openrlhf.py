@@ -183,6 +183,33 @@ def test_a_precise_line_of_the_same_step_wins_and_the_step_counts_once(tmp_path:
     assert ex.stats["r"].lines[FORMAT, "superseded"] == 50
 
 
+def test_completion_panels_between_postfix_draws_supersede_no_postfix_record(tmp_path: Path) -> None:
+    """A custom loop that reports in its bar's postfix and prints TRL's completions panel each step: a panel's
+    diversity record is no trainer record, so it must not make the next postfix record look superseded (it did when
+    the postfix reader counted every record of the run)."""
+    corpus = FIXTURES / "corpus" / "grpo_samples_healthy" / "combined.log"
+    lines = corpus.read_text(encoding="utf-8").splitlines(keepends=True)
+    top = next(i for i, ln in enumerate(lines) if "Step 1 " in ln and "\u256d" in ln)
+    bottom = next(i for i in range(top, len(lines)) if lines[i].startswith("\u2570"))
+    panel = "\u256d" + lines[top].split("\u256d", 1)[1] + "".join(lines[top + 1:bottom + 1])
+
+    def body(out: io.StringIO) -> None:
+        bar = make.tqdm(range(9), desc="train", file=out)
+        for i in range(9):
+            make.CLOCK.advance(5)
+            bar.set_postfix({"loss": 0.5 - i / 100, "kl": 0.01 + i / 1000})
+            bar.update()
+            out.write(panel.replace("Step 1 ", f"Step {i + 1} "))
+        bar.close()
+
+    ex = read_text(tmp_path, tqdm_text(body))
+    run = ex.runs["r"]
+    assert run.sample_records == 9, run.sample_records  # every panel was read as a set
+    assert ex.stats["r"].lines[FORMAT, "superseded"] == 0
+    assert ex.stats["r"].lines[FORMAT, "record"] == 9
+    assert sorted(history(ex, "loss")) == list(range(1, 10))
+
+
 def test_a_nested_bar_without_a_postfix_is_counted_not_silently_dropped(tmp_path: Path) -> None:
     def body(out: io.StringIO) -> None:
         outer = make.tqdm(range(1), desc="Train epoch", file=out)
