@@ -144,6 +144,14 @@ class Exporter:
             due = signal.due(self.runs.values())
         signal.write(due)
 
+    def trainer_exited(self, run: str, status: int) -> None:
+        """`run`: the trainer exited with `status` (as a shell gives it); its run's verdict takes it (RunState.crash:
+        non-zero is a crash)."""
+        with self.lock:
+            state = self.runs.get(run)
+            if state is not None:
+                state.exited(status)
+
     def verdict(self, only: str | None = None) -> dict:
         """The runs' verdicts as they stand (/api/v1/verdict)."""
         from exporter.report.live import verdict_document  # not needed by `dump`

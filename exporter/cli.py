@@ -225,7 +225,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
                    help=argparse.SUPPRESS)
     r.add_argument("--out", type=Path, help="write to this file instead of standard output")
     r.add_argument("--fail-on", choices=FAIL_ON, help="exit 1 when a run has a finding of this severity or worse, "
-                   "else 3 when a run has no training record (verdict no_data)")
+                   "else 4 when a run's trainer died (verdict crashed), else 3 when a run has no training record "
+                   "(verdict no_data)")
     r.add_argument("--runbook-base", default=RUNBOOK_BASE, help="the runbooks' URL the findings link to")
 
     m = sub.add_parser("demo", help="replay a bundled real TRL GRPO log at an accelerated pace and serve /metrics")
@@ -630,8 +631,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     stop, ended = threading.Event(), threading.Event()  # ended: the trainer's output was all read
     started: list = []
     early: list[int] = []  # signals that came before the trainer was there to take them
+    taken: list[int] = []  # every signal we took
 
     def forward(signum: int, _frame) -> None:
+        taken.append(signum)
         if started:
             started[0].forward(signum)
         else:
@@ -659,6 +662,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     exporter_side.start()
     try:
         status = child.exit_status()  # the handlers forward our signals meanwhile
+        before_exit = len(taken)
         # the trainer's lines are over: ours go straight to stderr from now on, and the copier, which writes the ones
         # it holds, sees the end of them (it waits for that before it exits: none is lost in its pipe)
         _end_relay(relay)
@@ -670,7 +674,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         grace = STOP_GRACE_SECONDS if stop.is_set() else SETUP_GRACE_SECONDS  # a signal: be quick
         side["setup_done"].wait(grace)
         exporter_side.join(grace)
-        if "listener" in side and args.linger:  # keep serving for a last scrape
+        if status:
+            log.warning("run: the trainer exited with status %d%s", status,
+                        f" (killed by signal {status - 128})" if status > 128 else "")
+        if "exporter" in side:  # after its output was read: its verdict (crashed or not) for the linger's scrapes
+            side["exporter"].trainer_exited(side["run"], status)
+        # keep serving for a last scrape; a signal that came since the trainer exited is ours (the pod stops): none
+        if "listener" in side and args.linger and len(taken) == before_exit:
             stop.clear()
             # in short steps: a SIGTERM that the kernel hands to another thread still ends the linger (its handler
             # runs in this thread, between the steps)
@@ -713,6 +723,7 @@ def _run_exporter(args: argparse.Namespace, child, ended: threading.Event, side:
         return
     finally:
         side["setup_done"].set()
+    side["exporter"], side["run"] = exporter, child_spec.run
     if gpu is not None:
         side["gpu"] = gpu
         gpu.start()

@@ -12,6 +12,7 @@ from exporter.console.postfix import PostfixReader
 from exporter.console.steps import StepClock
 from exporter.parsers import fastpath
 from exporter.parsers.chain import LineParserChain
+from exporter.parsers.failures import Failure, FailureWatch
 from exporter.parsers.record import ParseError, Record
 from exporter.runstate import RunState
 from exporter.samples.diversity import diversity_record
@@ -127,6 +128,7 @@ class ConsoleStream:
         # lines no metric parser takes: the trainer's printed completions (what they leave out: lines_dropped)
         self.samples = SampleReader(self.stats.lines_dropped)
         self.postfixes = PostfixReader(stats.lines, accumulation)  # metrics in bar postfixes (console/postfix.py)
+        self.failures = FailureWatch()  # signs that the trainer died, in lines that are no record
         self.clock.sources = stats.step_sources  # where each record's step came from, counted for the run
         self.last_data = time.monotonic()
         self._waiting_since: float | None = None  # when records began to wait for a progress-bar redraw
@@ -264,6 +266,9 @@ class ConsoleStream:
                 self.clock.stated(text)  # what it says of the run's scale, for steps without a bar
                 self.clock.text_line()
                 self._take_samples(self._sample_line(text))
+                failure = self.failures.line(text)
+                if failure is not None:
+                    self._failed(failure)
             return
         if rec.step is not None and self.samples.waiting:
             self._take_samples(self.samples.close(rec.step))
@@ -320,6 +325,11 @@ class ConsoleStream:
                         run.ingest_many(stepped)
                         stepped = []
                         self._take_samples(got)
+                    failure = self.failures.line(text)
+                    if failure is not None:  # the records before it reach the run first: they came before it
+                        run.ingest_many(stepped)
+                        stepped = []
+                        self._failed(failure)
                 continue
             if rec.step is not None and self.samples.waiting:
                 run.ingest_many(stepped)
@@ -406,6 +416,16 @@ class ConsoleStream:
             rec = rec.subset(keep)
         if rec.shape or rec.skipped:
             self._ingest(self.clock.record(rec))
+
+    def _failed(self, failure: Failure) -> None:
+        """A sign that the trainer died: the run told, with the trainer's records read before it that still wait
+        for their step (a bar's redraw, a postfix's next draw); said once per run, once its text says what
+        happened."""
+        self.run.failed(failure, self.clock.waiting_records() + (not self.postfixes.idle))
+        if failure.said and self.stats.first_time("failure"):
+            log.warning("run %s: the trainer's output shows a failure (%s) after step %d: %.200s; the run is judged "
+                        "crashed unless training records follow", self.run.name, failure.kind, self.run.step,
+                        failure.text)
 
     def _internal_error(self, text: str) -> None:
         self.stats.lines["unknown", "error"] += 1

@@ -21,6 +21,7 @@ from exporter.instruments.derived import DerivedState
 from exporter.instruments.keymap import INSTRUMENTS, KeyMap
 from exporter.instruments.series import Series
 from exporter.instruments.settings import DerivedSettings
+from exporter.parsers.failures import Failure
 from exporter.parsers.record import Record, RecordKind
 from exporter.parsers.training import Training, TrainingStart
 from exporter.parsers.values import MAX_STEP
@@ -83,6 +84,12 @@ class RunState:
     training: Training | None = None  # the training the run is about, when its feed says (parsers/training.py)
     nonfinite: Counter[SeriesKey] = field(default_factory=Counter)  # NaN/inf values, by series
     samples: SampleStore = field(default_factory=SampleStore)  # printed completions, a few per step (report only)
+    # The last sign in the log that the trainer died (parsers/failures.py), and the count of the trainer's records
+    # (training and end summary) that had reached or were on their way to the run then: a record beyond it means
+    # the trainer lived on (see `crash`).
+    failure: Failure | None = None
+    _failure_mark: int = field(init=False, default=0, repr=False)
+    exit_status: int | None = None  # `run`: the trainer's exit status, as a shell gives it, once it exited
     derived: DerivedState = field(init=False)
     detectors: DetectorSet = field(init=False)
     _plans: dict[Shape, ShapePlan] = field(init=False, default_factory=dict)
@@ -102,6 +109,35 @@ class RunState:
         """Training records the trainer logged: a completion set's diversity is a training record at its step (it
         becomes series), but no metric of the training's."""
         return self.records[RecordKind.TRAIN] - self.sample_records
+
+    def failed(self, failure: Failure, on_their_way: int = 0) -> None:
+        """A sign that the trainer died, seen after its records so far and `on_their_way` more (read before the
+        sign, waiting for their step)."""
+        self.failure = failure
+        self._failure_mark = self._trainer_and_summary() + on_their_way
+
+    def exited(self, status: int) -> None:
+        self.exit_status = status
+
+    @property
+    def crash(self) -> Failure | None:
+        """Why the run is judged crashed, or None. Where `run` saw the trainer exit, its status decides: non-zero is
+        a crash (with the log's last sign as the reason when there is one), 0 is none (a sign it printed was not
+        fatal). Else the log's last sign, unless a training record or the end summary came after it."""
+        if self.exit_status is not None:
+            if not self.exit_status:
+                return None
+            said = f"the trainer exited with status {self.exit_status}" + (
+                f" (killed by signal {self.exit_status - 128})" if self.exit_status > 128 else "")
+            if self.failure is not None and self._trainer_and_summary() <= self._failure_mark:
+                said += f"; its output ended in: {self.failure.text}"
+            return Failure("exit_status", said)
+        if self.failure is None or self._trainer_and_summary() > self._failure_mark:
+            return None
+        return self.failure
+
+    def _trainer_and_summary(self) -> int:
+        return self.trainer_records + self.records[RecordKind.SUMMARY]
 
     def _new_judgment(self) -> None:
         self.derived = DerivedState(self.settings, {n: i.label for n, i in INSTRUMENTS.items()})
@@ -233,6 +269,7 @@ class RunState:
                 state.episodes.clear()
                 state.episodes.extend(kept)
         self.finished = False
+        self.failure = None  # a new training's: an earlier one's death is not its own
         self.training = training
 
     def refresh(self) -> None:

@@ -118,7 +118,8 @@ def _exporter_alerts(s: RulesSettings) -> list[dict[str, Any]]:
                  ")\n"
                  "and (time() - posttrain_exporter_last_record_timestamp_seconds\n"
                  "     > 5 * run:posttrain_record_interval_seconds:avg6h)\n"
-                 "and on(job, instance) up == 1\nunless posttrain_run_finished == 1\n",
+                 "and on(job, instance) up == 1\nunless posttrain_run_finished == 1\n"
+                 "unless posttrain_run_crashed == 1\n",  # PostTrainTrainerCrashed says it, and what it died of
          "for": _dur(300, s), "labels": {"severity": "critical"},
          "annotations": {
              "summary": "Trainer of run {{ $labels.run }} stopped logging.",
@@ -126,6 +127,17 @@ def _exporter_alerts(s: RulesSettings) -> list[dict[str, Any]]:
                             f"(threshold {stall} s; last step {STEP}) although the exporter is up and the run has "
                             "not finished: the trainer is hung, crashed or blocked while its pod still holds the "
                             "GPUs."}},
+        {"alert": "PostTrainTrainerCrashed",
+         # 5 minutes: a traceback the trainer logs and survives is followed by its next record, which clears it. The
+         # value: time since its last record (a trainer that died before its first is the verdict's no_data)
+         "expr": "time() - posttrain_exporter_last_record_timestamp_seconds\nand posttrain_run_crashed == 1\n",
+         "for": _dur(300, s), "labels": {"severity": "critical"},
+         "annotations": {
+             "summary": "Trainer of run {{ $labels.run }} died.",
+             "description": "The output of run {{ $labels.run }} ends in a sign that its trainer died (a traceback, "
+                            f"an abort, a shell's Killed), or its exit status under `run` was not 0, after step "
+                            f"{STEP}, its last record {{{{ $value | humanizeDuration }}}} ago. The exporter's "
+                            "/api/v1/verdict says what it died of; the pod may still hold its GPUs."}},
         {"alert": "PostTrainExporterSourceDown",
          "expr": "posttrain_exporter_source_up == 0\nunless ignoring(path) posttrain_run_finished == 1\n",
          "for": _dur(600, s), "labels": {"severity": "warning"},
@@ -183,11 +195,11 @@ def _with_runbook(alert: dict[str, Any], s: RulesSettings) -> dict[str, Any]:
 def alert_groups(s: RulesSettings | None = None) -> list[dict[str, Any]]:
     s = s or RulesSettings()
     exporter = _exporter_alerts(s)
-    pages = [detector_alert(d, s) for d in DETECTORS if d.severity == "critical"] + exporter[:1]
+    pages = [detector_alert(d, s) for d in DETECTORS if d.severity == "critical"] + exporter[:2]
     warnings = [detector_alert(d, s) for d in DETECTORS if d.severity == "warning"]
     return [{"name": name, "rules": [_with_runbook(a, s) for a in rules]}
             for name, rules in (("posttrain.pages", pages), ("posttrain.warnings", warnings),
-                                ("posttrain.exporter", [*exporter[1:], gpu_data_missing_alert(lambda x: _dur(x, s))]))]
+                                ("posttrain.exporter", [*exporter[2:], gpu_data_missing_alert(lambda x: _dur(x, s))]))]
 
 
 def recording_groups(s: RulesSettings | None = None) -> list[dict[str, Any]]:

@@ -40,6 +40,7 @@ _NONE: list[Record] = []  # returned, never changed: most bar draws release noth
 # Where a record was lost to a cut line (a metric line whose rest never came), in the records waiting for redraws:
 # it takes the redraw its record would have taken, so that the records after it keep theirs.
 _LOST = Record({}, "lost")
+_TRAINERS = (RecordKind.TRAIN, RecordKind.SUMMARY)  # the trainer's own records (waiting_records)
 _MAX_QUEUED = 4096  # a stderr-only stream queues redraws that no record will take
 _MAX_WAITING = 256  # records after a clear waiting for its redraw; an 8 KB stdout block holds fewer
 
@@ -219,6 +220,10 @@ class StepClock:
     def waiting(self) -> bool:
         """Records are held for a progress-bar redraw."""
         return bool(self._pending)
+
+    def waiting_records(self) -> int:
+        """Training and summary records held for a redraw (the trainer's own records on their way to the run)."""
+        return sum(1 for rec in self._pending if rec is not _LOST and rec.kind in _TRAINERS)
 
     def record(self, rec: Record) -> list[Record]:
         if rec.step is not None:

@@ -47,6 +47,11 @@ class ExporterCollector(Collector):
         step = GaugeMetricFamily("posttrain_step", "Last training step logged.", labels=["run"])
         finished = GaugeMetricFamily("posttrain_run_finished",
                                      "1 once the trainer printed its end-of-training summary.", labels=["run"])
+        crashed = GaugeMetricFamily("posttrain_run_crashed",
+                                    "1 when the trainer died: its output ends in a traceback, an abort, a shell's "
+                                    "Killed (with no training record or end summary after), or under `run` it exited "
+                                    "non-zero; the verdict crashed. /api/v1/verdict says what it died of.",
+                                    labels=["run"])
         families: dict[str, Metric] = {}
         last_step = _labelled_gauge("posttrain_instrument_last_step",
                                     "Training step at which each instrument was last logged.")
@@ -57,6 +62,7 @@ class ExporterCollector(Collector):
             if run.step >= 0:
                 step.add_metric([name], run.step)
             finished.add_metric([name], 1.0 if run.finished else 0.0)
+            crashed.add_metric([name], 1.0 if run.crash is not None else 0.0)
             for (inst_name, label_value), s in sorted(run.series.items(), key=_series_order):
                 if s.last_step < 0:
                     continue
@@ -73,6 +79,7 @@ class ExporterCollector(Collector):
                 passthrough.add_metric([name, key], value)
         yield step
         yield finished
+        yield crashed
         yield from families.values()
         yield last_step
         yield passthrough

@@ -1,8 +1,9 @@
 """`posttrain-exporter report LOG...`: read logs once, judge each run, print or write the verdicts.
 
 The exit code can carry the verdict (--fail-on), so a training pipeline's CI can stop on a bad run: 1 when a run has
-a finding at or above the level, else 3 when a run has no training record at all (whatever the level: a gate
-pointed at the wrong file, or at a trainer that logs elsewhere, must not pass), else 0."""
+a finding at or above the level, else 4 when a run's trainer died (verdict crashed, whatever the level), else 3 when
+a run has no training record at all (whatever the level: a gate pointed at the wrong file, or at a trainer that logs
+elsewhere, must not pass), else 0."""
 
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ from exporter.report.html import to_html
 from exporter.report.progress import ReadProgress
 from exporter.report.samples import sample_views
 from exporter.report.text import to_json, to_text
-from exporter.report.verdict import NO_DATA, RunVerdict, judge
+from exporter.report.verdict import CRASHED, NO_DATA, RunVerdict, judge
 from exporter.runbooks import RUNBOOK_BASE
 
 EXIT_FAILED = 1  # a finding at or above --fail-on
 EXIT_NO_DATA = 3  # with --fail-on: a run without a training record (2 is the command line's own usage error)
+EXIT_CRASHED = 4  # with --fail-on: a run whose trainer died
 
 
 def verdicts(cfg: Config, specs: list[LogSpec], runbook_base: str = RUNBOOK_BASE) -> list[RunVerdict]:
@@ -62,11 +64,13 @@ def failed(found: list[RunVerdict], fail_on: str | None) -> bool:
 
 
 def exit_code(found: list[RunVerdict], fail_on: str | None) -> int:
-    """0, EXIT_FAILED or EXIT_NO_DATA (see the module's docstring); without --fail-on always 0."""
+    """0, EXIT_FAILED, EXIT_CRASHED or EXIT_NO_DATA (see the module's docstring); without --fail-on always 0."""
     if fail_on is None:
         return 0
     if failed(found, fail_on):
         return EXIT_FAILED
+    if any(v.verdict == CRASHED for v in found):
+        return EXIT_CRASHED
     return EXIT_NO_DATA if any(v.verdict == NO_DATA for v in found) else 0
 
 
@@ -77,6 +81,9 @@ def run_report(cfg: Config, specs: list[LogSpec], fmt: str, out: Path | None, fa
         if v.verdict == NO_DATA:
             sys.stderr.write(f"posttrain-exporter report: run {v.run}: no training record read, the run is not "
                              "judged (verdict no_data; the report says what was read)\n")
+        elif v.verdict == CRASHED and v.crash is not None:
+            sys.stderr.write(f"posttrain-exporter report: run {v.run}: the trainer died after step {v.last_step} "
+                             f"(verdict crashed): {v.crash.text}\n")
     text = render(found, fmt)
     if out is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")

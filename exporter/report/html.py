@@ -201,11 +201,14 @@ def _run_section(v: RunVerdict) -> str:
     steps_all = [int(s[0]) for s, _ in v.series.values()] + [int(s[-1]) for s, _ in v.series.values()]
     x0, x1 = (min(steps_all), max(steps_all)) if steps_all else (0, max(v.last_step or 0, 1))
     worst = v.worst()
-    cls = worst or ("healthy" if v.verdict == "healthy" else "warning")  # no data is not green
+    cls = "critical" if v.crash is not None else worst or ("healthy" if v.verdict == "healthy" else "warning")
+    # no data is not green, nor is a run whose trainer died
     badge = f'<span class="badge {cls}">{_esc(v.verdict)}</span>'
     out = [f'<section class="run"><h1>{_esc(v.run)} {badge}</h1>',
            f'<p>Last step {v.last_step if v.last_step is not None else "none (no training record read)"} '
-           f'({"finished" if v.finished else "still running"}).']
+           f'({"finished" if v.finished else "ended" if v.crash is not None else "still running"}).']
+    if v.crash is not None:
+        out.append(f" <b>The trainer died after it:</b> <code>{_esc(v.crash.text)}</code>.")
     if v.best_step is not None:
         out.append(f' Best step <b>{v.best_step}</b> (smoothed reward {_fmt(v.best_reward)}, KL '
                    f'{_fmt(v.kl_at_best)}): the checkpoint to keep (green line in the charts).')
@@ -227,7 +230,7 @@ def _run_section(v: RunVerdict) -> str:
             formats = ", ".join(f"{f} {n}" for f, n in sorted(read.records.items())) or "none"
             out.append(f"<p>Read {read.lines} lines; records by format: {_esc(formats)}; unmatched lines: "
                        f"{read.unmatched}; unreadable: {read.errors}.</p><ul>"
-                       + "".join(f"<li>{_esc(h)}</li>" for h in hints(read)) + "</ul>")
+                       + "".join(f"<li>{_esc(h)}</li>" for h in hints(read, v.crash)) + "</ul>")
     else:
         out.append("<p>No detector fired: no page and no warning would have been raised.</p>")
     out.append(samples_html(v.samples))

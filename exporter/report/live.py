@@ -58,7 +58,7 @@ def stopping(active: list[ActiveFinding], settings: EarlyStopSettings) -> list[A
 def run_document(run: RunState, settings: EarlyStopSettings, stats: IngestStats | None = None,
                  now: float | None = None) -> dict[str, Any]:
     """One run's verdict as /api/v1/verdict gives it: the fields of `posttrain-exporter report --format json` that
-    a run has while it runs (run, verdict, step, finished, worst, read), and its active findings."""
+    a run has while it runs (run, verdict, step, finished, worst, read, crash), and its active findings."""
     found = findings(run)
     active = active_findings(run)
     severities = {f.severity for f in found}
@@ -71,6 +71,7 @@ def run_document(run: RunState, settings: EarlyStopSettings, stats: IngestStats 
         # as `posttrain-exporter report` says it, and `stale` once the run has gone quiet for longer than its pace
         "verdict": verdict_of(run, found, time.time() if now is None else now),
         "read": read_summary(run, stats).as_json(),
+        "crash": crash.as_json() if (crash := run.crash) is not None else None,  # how the trainer died, if it did
         "worst": next((s for s in STOP_SEVERITIES if s in severities), None),
         "stop": bool(stopping(active, settings)),
         "active": [f.as_json() for f in active],

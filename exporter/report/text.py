@@ -25,8 +25,10 @@ def to_text(verdicts: list[RunVerdict]) -> str:
         if v.verdict == NO_DATA:
             out += _no_data(v)
             continue
-        state = "finished" if v.finished else "still running"
+        state = "finished" if v.finished else "ended" if v.crash is not None else "still running"
         out.append(f"run {v.run}: {v.verdict.upper()} (last step {v.last_step}, {state})")
+        if v.crash is not None:
+            out.append(f"  crashed after step {v.last_step}: {v.crash.text}")
         out.extend(_summary_lines(v))
         if v.findings:
             out.append("  findings:")
@@ -53,7 +55,7 @@ def _no_data(v: RunVerdict) -> list[str]:
         formats = ", ".join(f"{f} {n}" for f, n in sorted(r.records.items())) or "none"
         out.append(f"  read: {r.lines} lines; records by format: {formats}; unmatched lines: {r.unmatched}; "
                    f"unreadable: {r.errors}; progress-bar draws: {r.progress}")
-        out += [f"  try: {h}" for h in hints(r)]
+        out += [f"  try: {h}" for h in hints(r, v.crash)]
     out.append("")
     return out
 
@@ -122,6 +124,7 @@ def to_json(verdicts: list[RunVerdict]) -> str:
             "run": v.run, "verdict": v.verdict, "step": v.last_step, "best_step": v.best_step,
             "best_reward": _clean(v.best_reward), "kl_at_best_step": _clean(v.kl_at_best), "last_step": v.last_step,
             "finished": v.finished, "worst": v.worst(), "read": v.read.as_json() if v.read is not None else None,
+            "crash": v.crash.as_json() if v.crash is not None else None,
             "findings": [{"alert": f.alert, "severity": f.severity, "first_step": f.first_step,
                           "last_step": f.last_step, "detector": f.detector, "instrument": f.instrument,
                           "component": f.component, "summary": f.summary, "runbook_url": f.runbook_url,

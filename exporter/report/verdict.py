@@ -6,8 +6,10 @@ alerts would have said; an alert fires from the step its detector became active 
 
 A run without a training record has no verdict on its training: it is `no_data`, never healthy (a CI gate
 pointed at the wrong file, a trainer that crashed before its first step or logs its metrics elsewhere), and
-the verdict says what was read instead. A live run that has logged nothing for longer than its own pace allows
-is `stale` (the PostTrainTrainerStalled alert's condition)."""
+the verdict says what was read instead. A run whose trainer died is `crashed`: its output ends in a sign of it (a
+traceback, an abort, a shell's `Killed`; parsers/failures.py) with no training record after, or `run` saw the
+trainer exit non-zero; its findings are listed as for any run. A live run that has logged nothing for longer than
+its own pace allows is `stale` (the PostTrainTrainerStalled alert's condition)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from exporter.detectors.catalog import Detector, SeriesKey
 from exporter.instruments.derived import REGIME_OF
 from exporter.instruments.keymap import INSTRUMENTS
 from exporter.instruments.window import window_stats
+from exporter.parsers.failures import Failure
 from exporter.report.digest import RunDigest
 from exporter.runbooks import RUNBOOK_BASE
 from exporter.runstate import RunState
@@ -32,7 +35,7 @@ if TYPE_CHECKING:
 
 TREND_POINTS = 50  # the window of the derived trends (windows.size)
 # The verdicts, worst first where a run could be judged at all.
-NO_DATA, UNHEALTHY, STALE, HEALTHY = "no_data", "unhealthy", "stale", "healthy"
+NO_DATA, CRASHED, UNHEALTHY, STALE, HEALTHY = "no_data", "crashed", "unhealthy", "stale", "healthy"
 # A live run is stale once it has logged nothing for longer than thresholds.stall_seconds and this many times its
 # mean interval between records (the PostTrainTrainerStalled alert's condition, rules.py).
 STALL_INTERVALS = 5
@@ -79,10 +82,12 @@ def stale(run: RunState, now: float) -> bool:
 
 
 def verdict_of(run: RunState, found: list[Finding], now: float | None = None) -> str:
-    """no_data without a training record; else unhealthy with a finding; else stale when judged live (`now`) and
-    the run has gone quiet; else healthy."""
+    """no_data without a training record; else crashed when the trainer died (RunState.crash); else unhealthy with
+    a finding; else stale when judged live (`now`) and the run has gone quiet; else healthy."""
     if not run.trainer_records:
         return NO_DATA
+    if run.crash is not None:
+        return CRASHED
     if found:
         return UNHEALTHY
     if now is not None and stale(run, now):
@@ -90,8 +95,10 @@ def verdict_of(run: RunState, found: list[Finding], now: float | None = None) ->
     return HEALTHY
 
 
-def hints(read: ReadSummary) -> list[str]:
-    """What to try when a run has no training record, from what was read."""
+def hints(read: ReadSummary, crash: Failure | None = None) -> list[str]:
+    """What to try when a run has no training record, from what was read (and how the trainer died, if it did)."""
+    if crash is not None:
+        return [f"the trainer died before its first logged step: {crash.text}"]
     if not read.lines:
         return ["nothing was read: check the path, and that the trainer writes there (the trainer container's "
                 "stdout and stderr, or its log file; PYTHONUNBUFFERED=1 so lines are not held in a buffer)"]
@@ -161,8 +168,9 @@ class RunVerdict:
     series: dict[SeriesKey, tuple[np.ndarray, np.ndarray]] = field(repr=False, default_factory=dict)
     limits: dict[SeriesKey, list[tuple[str, float]]] = field(repr=False, default_factory=dict)
     samples: list[SampleView] = field(repr=False, default_factory=list)  # printed completions (report/samples.py)
-    verdict: str = HEALTHY  # verdict_of: no_data, unhealthy, stale or healthy
+    verdict: str = HEALTHY  # verdict_of: no_data, crashed, unhealthy, stale or healthy
     read: ReadSummary | None = None
+    crash: Failure | None = None  # how the trainer died (RunState.crash), whatever the verdict
 
     def worst(self) -> str | None:
         sev = {f.severity for f in self.findings}
@@ -180,7 +188,7 @@ def judge(run: RunState, runbook_base: str = RUNBOOK_BASE, stats: IngestStats | 
     return RunVerdict(run.name, step_of(run), run.finished, found, best_step, best_reward, kl_at_best,
                       _regimes(run, digest), _instruments(run, digest),
                       {k: d.chart() for k, d in digest.series.items() if d.count},
-                      _limits(run), verdict=verdict_of(run, found), read=read_summary(run, stats))
+                      _limits(run), verdict=verdict_of(run, found), read=read_summary(run, stats), crash=run.crash)
 
 
 def step_of(run: RunState) -> int | None:

@@ -1,0 +1,183 @@
+"""A run whose trainer died is judged `crashed`, never healthy: its output ends in a sign of it (a traceback, an
+abort, a shell's `Killed`) with no training record after, or `run` saw the trainer exit non-zero. A traceback the
+trainer survives, or one from a finaliser at exit, is no crash. On real TRL console logs, with the failure text
+written here (the shapes torch, torchrun, Ray and bash print)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.request
+
+import pytest
+from conftest import REPO, TRL, exporter_cmd, free_port, run_cli
+
+from exporter.app import Exporter
+from exporter.config import Config, LogSpec
+from exporter.parsers.failures import FailureWatch
+from exporter.report.verdict import judge
+
+LOG = TRL / "grpo" / "combined_unbuffered.log"  # a healthy GRPO run, as its console printed it
+OOM = ("Traceback (most recent call last):\n"
+       '  File "/workspace/train.py", line 88, in <module>\n'
+       "    trainer.train()\n"
+       '  File "/usr/lib/python3/site-packages/torch/utils/checkpoint.py", line 496, in forward\n'
+       "    return fn(*args)\n"
+       "           ^^^^^^^^^\n"
+       "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB. GPU 0 has a total capacity of "
+       "79.14 GiB of which 1.02 GiB is free.\n")
+
+
+def _judge(tmp_path, text: str, name: str = "train.log"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    ex = Exporter(Config(), [LogSpec(str(path), "r")])
+    ex.read_to_end()
+    return judge(ex.runs["r"], stats=ex.stats["r"])
+
+
+def _train_lines(text: str) -> list[int]:
+    """Offsets just past each training dict line ({'loss': ...})."""
+    out, at = [], 0
+    while (i := text.find("{'loss'", at)) >= 0:
+        at = text.index("\n", i) + 1
+        out.append(at)
+    return out
+
+
+def test_a_log_that_ends_in_a_traceback_is_crashed_and_fails_the_gate(tmp_path) -> None:
+    text = LOG.read_text(encoding="utf-8")
+    healthy = _judge(tmp_path, text)
+    assert healthy.verdict == "healthy" and healthy.crash is None
+    cut = text[:_train_lines(text)[5]]  # six records in, then the trainer died
+    v = _judge(tmp_path, cut + OOM)
+    assert v.verdict == "crashed"
+    assert v.crash.kind == "traceback" and v.crash.text.startswith("torch.OutOfMemoryError: CUDA out of memory.")
+    assert v.last_step == _judge(tmp_path, cut, "cut.log").last_step  # the last step logged before it
+
+    path = tmp_path / "train.log"
+    res = run_cli("report", "--output.format", "json", "--fail-on", "critical", str(path))
+    assert res.returncode == 4, res.stderr  # whatever the level: a dead trainer fails the gate
+    run = json.loads(res.stdout)["runs"][0]
+    assert run["verdict"] == "crashed" and run["crash"]["kind"] == "traceback"
+    assert "CUDA out of memory" in run["crash"]["text"]
+    assert b"the trainer died after step" in res.stderr
+    text_report = run_cli("report", str(path)).stdout.decode()
+    assert "CRASHED" in text_report and "crashed after step" in text_report
+    html = run_cli("report", "--output.format", "html", str(path)).stdout.decode()
+    assert "The trainer died after it" in html and "CUDA out of memory" in html
+
+
+def test_a_record_waiting_for_its_redraw_when_the_trainer_died_is_no_sign_it_lived_on(tmp_path) -> None:
+    """Unbuffered TRL prints a record's dict, then the bar's redraw that gives its step. Cut just after a dict, the
+    record still waits when the traceback comes, and reaches the run after it (at the end of input): it was logged
+    before the failure, so it must not clear it."""
+    text = LOG.read_text(encoding="utf-8")
+    cut = text[:_train_lines(text)[7]]
+    assert not cut.rstrip("\n").endswith("it/s]")  # what follows the dict, its redraw, is cut off
+    v = _judge(tmp_path, cut + OOM)
+    assert v.verdict == "crashed", v.crash
+
+
+@pytest.mark.parametrize("survived", [
+    # logged and survived (logger.exception in a retry), training went on
+    "ERROR:root:upload failed\n" + OOM.replace("torch.OutOfMemoryError: CUDA out of memory.",
+                                                "ConnectionError: upload failed."),
+    # a finaliser's traceback at the interpreter's exit is no crash
+    "Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__ at 0x7f2b>\n" + OOM,
+])
+def test_a_traceback_the_trainer_survives_is_no_crash(tmp_path, survived: str) -> None:
+    text = LOG.read_text(encoding="utf-8")
+    at = _train_lines(text)[3]
+    mid = _judge(tmp_path, text[:at] + survived + text[at:])
+    assert mid.verdict == "healthy" and mid.crash is None
+    if survived.startswith("Exception ignored"):
+        end = _judge(tmp_path, text + survived)
+        assert end.verdict == "healthy" and end.crash is None
+
+
+def test_a_traceback_after_the_end_summary_is_a_crash_and_the_summary_after_one_clears_it(tmp_path) -> None:
+    """A crash while saving or pushing after train() returned is a crash (the model may be lost); a traceback logged
+    before the run's end summary was survived."""
+    text = LOG.read_text(encoding="utf-8")
+    assert "'train_runtime'" in text
+    after = _judge(tmp_path, text + OOM)
+    assert after.verdict == "crashed" and after.finished
+    summary_at = text.index("{'train_runtime'")
+    before = _judge(tmp_path, text[:summary_at] + "\n" + OOM + text[summary_at:])
+    assert before.verdict == "healthy" and before.crash is None
+
+
+@pytest.mark.parametrize(("tail", "kind"), [
+    ("Killed\n", "killed"),
+    ("./train.sh: line 12:  4242 Killed                  python train.py\n", "killed"),
+    ("terminate called after throwing an instance of 'c10::DistBackendError'\n", "abort"),
+    ("Fatal Python error: Segmentation fault\n", "fatal_error"),
+    ("Segmentation fault (core dumped)\n", "crash"),
+    ("[rank0]:[E1126 10:01:02.123 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: "
+     "WorkNCCL(SeqNum=4242, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.\n", "nccl_timeout"),
+    ("".join(f"[rank1]: {line}\n" for line in OOM.splitlines()), "traceback"),
+    ("".join(f"(WorkerDict pid=4388) {line}\n" for line in OOM.splitlines()), "traceback"),
+])
+def test_every_sign_of_a_dead_trainer_is_read(tmp_path, tail: str, kind: str) -> None:
+    text = LOG.read_text(encoding="utf-8")
+    v = _judge(tmp_path, text[:_train_lines(text)[5]] + tail)
+    assert v.verdict == "crashed" and v.crash.kind == kind, v.crash
+    if kind == "traceback":  # the exception line, whatever process printed it
+        assert v.crash.text.startswith("torch.OutOfMemoryError"), v.crash.text
+
+
+def test_lines_that_only_look_like_a_sign_are_none() -> None:
+    watch = FailureWatch()
+    for line in ["Killed 3 stale workers before the run", "no core dumped here", "Traceback printing is on",
+                 "  Traceback (most recent call last):", "warning: Fatal Python errors are reported below"]:
+        assert watch.line(line) is None, line
+
+
+def test_a_crash_before_the_first_step_is_no_data_that_says_how_the_trainer_died(tmp_path) -> None:
+    v = _judge(tmp_path, "Loading checkpoint shards: 100%|##########| 2/2\n" + OOM)
+    assert v.verdict == "no_data"
+    res = run_cli("report", str(tmp_path / "train.log"))
+    assert b"the trainer died before its first logged step: torch.OutOfMemoryError" in res.stdout
+
+
+def _linger_verdict(child: list[str], ready) -> dict:
+    """/api/v1/verdict's run while `run --linger` serves after the trainer exited, once `ready(run)`."""
+    port = free_port()
+    p = subprocess.Popen(exporter_cmd("--log-level", "error", "run", "--no-gpu", "--linger", "30",
+                                      "--web.listen-address", f"127.0.0.1:{port}", "--", *child),
+                         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    doc: dict = {}
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/verdict", timeout=5) as r:
+                    doc = json.load(r)["runs"][0]
+                if ready(doc):
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        p.terminate()  # ends the linger
+        p.communicate(timeout=20)
+    finally:
+        p.kill()
+    return doc
+
+
+def test_run_judges_the_trainer_by_its_exit_status(tmp_path) -> None:
+    """Under `run` the trainer's status decides: killed (137) is a crash, even with nothing in its output to say so;
+    0 is none, even after a traceback it printed (that one was not fatal)."""
+    log = tmp_path / "out.log"
+    log.write_text(LOG.read_text(encoding="utf-8"), encoding="utf-8")
+    killed = _linger_verdict(["sh", "-c", f"cat {log}; kill -9 $$"],
+                             lambda d: d["crash"] is not None and d["crash"]["kind"] == "exit_status")
+    assert killed["verdict"] == "crashed", killed
+    assert killed["crash"] == {"kind": "exit_status", "text": "the trainer exited with status 137 (killed by signal 9)"}
+    (tmp_path / "tb.txt").write_text(OOM, encoding="utf-8")
+    # before the status comes, the traceback after the end summary reads as a crash; the status 0 then clears it
+    survived = _linger_verdict(["sh", "-c", f"cat {log} {tmp_path / 'tb.txt'}; sleep 1; exit 0"],
+                               lambda d: d["finished"] and d["crash"] is None)
+    assert survived["verdict"] == "healthy" and survived["crash"] is None, survived
