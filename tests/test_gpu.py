@@ -4,23 +4,29 @@ the exposition through the real promtool. Polls are driven by hand with a fake c
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
 import random
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 
 import pynvml
 import pytest
-from conftest import require_binary
+import yaml
+from conftest import REPO, require_binary
 from fake_nvml import FakeGpu, FakeNvml, h100s
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.gpu import GpuCollector, GpuSampler, PhaseConfig, PhaseTracker, SamplerConfig
 from exporter.gpu.sampler import error_kind
+from exporter.gpu.service import GpuService
+from exporter.gpu.sources import GpuSourceCollector
 from exporter.gpu.visibility import parse_visibility, select_devices, visibility_from_env
 
 LOGGER = "exporter.gpu.sampler"
@@ -488,6 +494,149 @@ def test_the_thread_polls_at_its_interval_and_stops_cleanly() -> None:
     assert s._thread is None
 
 
+# --- a hung NVML call; GPUs that give nothing -------------------------------------------------------------------
+
+
+def sidecar_scrape(sampler: GpuSampler) -> str:
+    """The GPU side of a sidecar with gpu.source nvml: the sampler's families and the source series, wired as
+    exporter/gpu/service.py wires them."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(GpuCollector(sampler))
+    reg.register(GpuSourceCollector("nvml", False, active=sampler.active, assigned=lambda: sampler.expected))
+    return generate_latest(reg).decode()
+
+
+def wait_for(cond, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+@contextlib.contextmanager
+def hung_sampler() -> Iterator[tuple[GpuSampler, Clock, threading.Event]]:
+    """A sampler thread (interval 10 ms, a fake clock standing still at 0) whose NVML power call blocks from its
+    third poll on, until the test leaves (or sets the event it is given); stopped at the end."""
+    clock, gate, hung = Clock(), threading.Event(), threading.Event()
+    fake = FakeNvml(h100s(1, utilization=90, power_mw=600_000))
+    power, calls = fake.nvmlDeviceGetPowerUsage, [0]
+
+    def hanging(handle):  # the driver does not answer, not even with NVML_ERROR_TIMEOUT
+        calls[0] += 1
+        if calls[0] >= 3 and not gate.is_set():
+            hung.set()
+            gate.wait(30)
+        return power(handle)
+
+    fake.nvmlDeviceGetPowerUsage = hanging
+    s = GpuSampler(fake, SamplerConfig(interval_seconds=0.01), env={"CUDA_VISIBLE_DEVICES": "0"}, clock=clock,
+                   wall_clock=lambda: 1.7e9)
+    s.start()
+    try:
+        assert hung.wait(5), "the sampler never reached the hanging call"
+        yield s, clock, gate
+    finally:
+        gate.set()
+        s.stop()
+
+
+def test_a_hung_nvml_call_shows_as_nvml_down_and_no_values_past_the_bound_and_says_so_once(caplog) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    with hung_sampler() as (s, clock, gate):
+        bound = s.config.stale_after_seconds
+        assert bound == 30.0  # max(3 x 0.01 s, the 30 s floor)
+        clock.t = bound  # the last poll finished at 0: as old as a healthy slow poll may leave it
+        text = sidecar_scrape(s)
+        assert value(text, "posttrain_gpu_nvml_up") == 1 and value(text, "posttrain_gpu_utilization_ratio") == 0.9
+        assert value(text, "posttrain_gpu_source_active", source="nvml") == 1
+        assert not warnings(caplog)
+        clock.t = bound + 0.5
+        for _ in range(3):
+            text = sidecar_scrape(s)
+        assert value(text, "posttrain_gpu_nvml_up") == 0
+        assert value(text, "posttrain_gpu_source_active", source="nvml") == 0
+        for name in ("posttrain_gpu_up", "posttrain_gpu_utilization_ratio", "posttrain_gpu_power_watts",
+                     "posttrain_gpu_memory_used_bytes", "posttrain_gpu_phase", "posttrain_gpu_visible_devices",
+                     "posttrain_gpu_ecc_errors_total"):
+            assert value(text, name) is None, name  # nothing frozen served as current
+        assert value(text, "posttrain_gpu_sampler_last_poll_timestamp_seconds") == 1.7e9
+        assert value(text, "posttrain_gpu_training_expected") == 1  # so PostTrainGPUDataMissing fires
+        assert len(warnings(caplog)) == 1 and "no poll has finished for 30s" in warnings(caplog)[0]
+        polls = s.snapshot().polls
+        gate.set()  # the driver answers again
+        assert wait_for(lambda: s.snapshot().polls > polls + 1)
+        text = sidecar_scrape(s)
+        assert value(text, "posttrain_gpu_nvml_up") == 1 and value(text, "posttrain_gpu_up", gpu="0") == 1
+        assert value(text, "posttrain_gpu_source_active", source="nvml") == 1
+    assert len(warnings(caplog)) == 1
+    assert sum("polling again" in m for m in infos(caplog)) == 1
+
+
+def test_a_sampler_polled_by_hand_is_never_called_stuck(caplog) -> None:
+    """Staleness is about the thread's polls: a caller that polls when it likes (dump, the tests) sees its last."""
+    clock = Clock()
+    s = make(FakeNvml(h100s(1, utilization=90, power_mw=600_000)), clock, env={"CUDA_VISIBLE_DEVICES": "0"})
+    s.poll_once()
+    clock.t = 3600.0
+    assert s.snapshot().nvml_up and s.active() and not warnings(caplog)
+
+
+def _every_gpu_lost(gpus: list[FakeGpu]) -> None:
+    for g in gpus:
+        g.lost = True
+
+
+def _every_read_fails(gpus: list[FakeGpu]) -> None:  # a wedged driver after an Xid: handles valid, no answers
+    reads = [n for n in dir(FakeNvml) if n.startswith("nvmlDeviceGet")
+             and n not in ("nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByUUID")]
+    for g in gpus:
+        g.errors = dict.fromkeys(reads, pynvml.NVML_ERROR_UNKNOWN)
+
+
+@pytest.mark.parametrize("break_gpus", [_every_gpu_lost, _every_read_fails], ids=["all_lost", "every_read_fails"])
+def test_a_poll_that_read_no_gpu_makes_the_source_inactive_and_the_gpus_not_up(break_gpus, monkeypatch,
+                                                                                caplog) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    gpus = h100s(2, utilization=90, power_mw=600_000)
+    fake = FakeNvml(gpus)
+    service = GpuService("nvml", SamplerConfig())  # the source series as the CLI wires them
+    service.reader._nvml = fake
+
+    def scrape_service() -> str:
+        reg = CollectorRegistry(auto_describe=False)
+        for c in service.collectors():
+            reg.register(c)
+        return generate_latest(reg).decode()
+
+    service.poll_once()
+    assert value(scrape_service(), "posttrain_gpu_source_active", source="nvml") == 1
+    break_gpus(gpus)
+    for _ in range(5):
+        fake.advance()
+        service.poll_once()
+    text = scrape_service()
+    assert value(text, "posttrain_gpu_source_active", source="nvml") == 0
+    assert value(text, "posttrain_gpu_up", gpu="0") == 0 and value(text, "posttrain_gpu_up", gpu="1") == 0
+    for name in ("posttrain_gpu_utilization_ratio", "posttrain_gpu_power_watts", "posttrain_gpu_phase",
+                 "posttrain_gpu_ecc_errors_total"):
+        assert gpus_of(text, name) == set(), name
+    # NVML itself answers (GpuIsLost, Unknown): nvml_up stays 1; the GPUs' own state is posttrain_gpu_up's
+    assert value(text, "posttrain_gpu_nvml_up") == 1 and value(text, "posttrain_gpu_training_expected") == 1
+    if break_gpus is _every_read_fails:
+        said = [m for m in warnings(caplog) if "answered no field" in m]
+        assert len(said) == 2, warnings(caplog)  # one per GPU, not one per poll
+        for g in gpus:
+            g.errors = {}
+        service.poll_once()
+        text = scrape_service()
+        assert value(text, "posttrain_gpu_up", gpu="0") == 1
+        assert value(text, "posttrain_gpu_source_active", source="nvml") == 1
+        assert sum("answers again" in m for m in infos(caplog)) == 2
+
+
 # --- which GPUs ------------------------------------------------------------------------------------
 
 
@@ -704,6 +853,70 @@ def test_promtool_accepts_the_nvml_down_exposition() -> None:
     s = make(FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
     s.poll_once()
     _check_with_promtool(scrape(s))
+
+
+def _input_series(pod: str, healthy: str, broken: str, minutes: tuple[int, int]) -> list[dict[str, str]]:
+    """A sidecar's scrapes as promtool input series: `healthy` for minutes[0] samples, then `broken` for
+    minutes[1] (a series absent from one is `_` there), with the labels Prometheus adds, and the run's series."""
+    target = {"job": "posttrain", "instance": f"{pod}:9847", "namespace": "ml", "pod": pod}
+    before, after = samples(healthy), samples(broken)
+    out = []
+    for name, labels in sorted(set(before) | set(after), key=str):
+        lbls = {**dict(labels), **target}
+        vals = [f"{before[name, labels]:g}" if (name, labels) in before else "_"] * minutes[0] \
+            + [f"{after[name, labels]:g}" if (name, labels) in after else "_"] * minutes[1]
+        out.append({"series": name + "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(lbls.items())) + "}",
+                    "values": " ".join(vals)})
+    out.append({"series": "posttrain_run_finished{" + ", ".join(f'{k}="{v}"' for k, v in
+                                                               {"run": f"r-{pod}", **target}.items()) + "}",
+                "values": " ".join(["0"] * sum(minutes))})
+    return out
+
+
+def test_gpu_data_missing_fires_for_a_sidecar_whose_nvml_is_stale_or_read_no_gpu(tmp_path) -> None:
+    """The sidecars' own expositions through the shipped rules (promtool): healthy for 5 minutes, then a hung NVML
+    call, every GPU lost, every read failing; and one that stays healthy. PostTrainGPUDataMissing fires for the
+    three (its `for` is 3m), PostTrainNVMLDown (10m) for the hung one only: NVML itself answers the other two."""
+    promtool = require_binary("promtool")
+    series: list[dict[str, str]] = []
+    with hung_sampler() as (s, clock, _):
+        healthy = sidecar_scrape(s)
+        clock.t = s.config.stale_after_seconds + 1
+        series += _input_series("hung-0", healthy, sidecar_scrape(s), (5, 16))
+    for pod, break_gpus in (("lost-0", _every_gpu_lost), ("unread-0", _every_read_fails), ("ok-0", None)):
+        gpus = h100s(2, utilization=90, power_mw=600_000)
+        clock = Clock()
+        s = make(FakeNvml(gpus), clock, env={"CUDA_VISIBLE_DEVICES": "0,1"})
+        s.poll_once()
+        healthy = sidecar_scrape(s)
+        if break_gpus is not None:
+            break_gpus(gpus)
+        for _ in range(3):
+            clock.t += 1
+            s.poll_once()
+        series += _input_series(pod, healthy, sidecar_scrape(s), (5, 16))
+
+    def firing(alert: str, *pods: str) -> dict:
+        return {"expr": f'ALERTS{{alertname="{alert}", alertstate="firing"}}', "eval_time": "20m",
+                "exp_samples": [{"labels": "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}",
+                                 "value": 1} for labels in (
+                    {"__name__": "ALERTS", "alertname": alert, "alertstate": "firing", "severity": "warning",
+                     **({"run": f"r-{p}"} if alert == "PostTrainGPUDataMissing" else {"job": "posttrain"}),
+                     "instance": f"{p}:9847", "namespace": "ml", "pod": p} for p in pods)]}
+
+    path = tmp_path / "stale.test.yml"
+    path.write_text(yaml.safe_dump({
+        "rule_files": [str(REPO / "rules" / "posttrain.recording.yml"), str(REPO / "rules" / "posttrain.alerts.yml")],
+        "evaluation_interval": "1m",
+        "group_eval_order": ["posttrain.recording", "posttrain.gpu", "posttrain.pages", "posttrain.warnings",
+                             "posttrain.exporter"],
+        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": [
+            {"expr": "ALERTS", "eval_time": "4m", "exp_samples": []},
+            firing("PostTrainGPUDataMissing", "hung-0", "lost-0", "unread-0"),
+            firing("PostTrainNVMLDown", "hung-0"),
+        ]}]}, sort_keys=False))
+    r = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr
 
 
 # --- the one table of GPU fields (exporter/gpu/fields.py) -------------------------------------------------------

@@ -43,8 +43,10 @@ class GpuCollector(Collector):
         yield from self._phases(snap)
 
     def _health(self, snap: GpuSnapshot) -> Iterator[Metric]:
-        up = GaugeMetricFamily("posttrain_gpu_nvml_up", "1 when NVML is initialized and the GPUs were read at "
-                               "the last poll, 0 while it is unavailable (retried with backoff).")
+        up = GaugeMetricFamily("posttrain_gpu_nvml_up", "1 when NVML is initialized and answered the sampler's "
+                               "last poll, 0 while it is unavailable (retried with backoff) or a call has hung (no "
+                               "poll finished for 3 intervals, at least 30 s). Lost or unanswering GPUs show in "
+                               "posttrain_gpu_up.")
         up.add_metric([], 1.0 if snap.nvml_up else 0.0)
         yield up
         expected = GaugeMetricFamily("posttrain_gpu_expected", "1 when GPUs are assigned to the exporter (the config "
@@ -74,13 +76,15 @@ class GpuCollector(Collector):
         yield cpu
         if snap.last_poll_timestamp is not None:
             last = GaugeMetricFamily("posttrain_gpu_sampler_last_poll_timestamp_seconds", "Unix time of the last "
-                                     "poll (a stuck NVML call shows as time() minus this growing).")
+                                     "poll that finished (a stuck NVML call shows as time() minus this growing; past "
+                                     "3 intervals, at least 30 s, posttrain_gpu_nvml_up is 0).")
             last.add_metric([], snap.last_poll_timestamp)
             yield last
 
     def _gpus(self, snap: GpuSnapshot) -> Iterator[Metric]:
         up = GaugeMetricFamily("posttrain_gpu_up", "1 when the GPU was read at the last poll, 0 when it is lost "
-                               "(GpuIsLost, ResetRequired; its other series are dropped).", labels=GPU_LABELS)
+                               "(GpuIsLost, ResetRequired) or answered no field (every call failed); its other "
+                               "series are dropped while 0.", labels=GPU_LABELS)
         simple = [(f.attr, _family(f.family, f.kind, f.help, GPU_LABELS)) for f in FIELDS]
         throttle = GaugeMetricFamily("posttrain_gpu_throttle_reason", "1 while this reason holds the clocks down "
                                      "(NVML clock event reasons).", labels=[*GPU_LABELS, "reason"])

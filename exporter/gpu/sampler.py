@@ -13,7 +13,11 @@ Failure behaviour (the sampler never raises into its caller):
 - A field the GPU does not have (NotSupported, FunctionNotFound): never exported, never asked again
   until NVML is re-initialized, not an error.
 - A GPU falls off the bus (GpuIsLost, ResetRequired): its series are dropped, `posttrain_gpu_up` for
-  it is 0, the other GPUs are still read, and the lost one is probed again with backoff.
+  it is 0, the other GPUs are still read, and the lost one is probed again with backoff. A GPU that
+  answers no field in a poll (every call failing, handle still valid) is not up either, for that poll.
+- An NVML call that never returns (a wedged driver): the thread cannot say so itself, so `snapshot()`
+  does. Once no poll has finished for `SamplerConfig.stale_after_seconds`, it reports NVML down and no
+  GPU (nothing frozen is served as current), logs one warning, and one line when a poll finishes again.
 
 The module is injected (`nvml=`), `import pynvml` by default, so tests run a fake with the same
 functions and the real exception classes.
@@ -28,7 +32,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -50,6 +54,12 @@ THROTTLE_REASONS: tuple[tuple[str, int], ...] = (
     ("sync_boost", 0x10), ("sw_thermal_slowdown", 0x20), ("hw_thermal_slowdown", 0x40),
     ("hw_power_brake_slowdown", 0x80), ("display_clock_setting", 0x100),
 )
+
+# A poll is ~0.1 ms of work per GPU (docs/gpu.md "Cost"), but a healthy one can still take seconds: nvmlInit
+# without persistence mode, or a call that NVML itself times out (NVML_ERROR_TIMEOUT). Only a snapshot older than
+# three intervals (two polls missed) and this floor says a call has hung; 30 s is also how old the trainer's GPU
+# feed may get (feed_samples.py), and far inside the alerts' 3 and 10 minutes.
+STALE_FLOOR_SECONDS = 30.0
 
 # Error kinds (snake_case of the NVMLError subclass) by what they mean for the sampler.
 UNSUPPORTED = frozenset({"not_supported", "function_not_found"})
@@ -91,7 +101,7 @@ class GpuReading(NamedTuple):
     index: int
     uuid: str
     model: str
-    up: bool  # False: lost (GpuIsLost); then every other field is empty
+    up: bool  # False: lost (GpuIsLost) or no field answered this poll; then every other field is empty
     utilization_ratio: float | None = None
     memory_used_bytes: float | None = None
     memory_total_bytes: float | None = None
@@ -135,6 +145,11 @@ class SamplerConfig:
     slow_interval_seconds: float = 30.0
     visible_devices: str | None = None  # overrides the environment (same syntax as CUDA_VISIBLE_DEVICES)
     phase: PhaseConfig = field(default_factory=PhaseConfig)
+
+    @property
+    def stale_after_seconds(self) -> float:
+        """Age past which the last snapshot means a hung NVML call (see STALE_FLOOR_SECONDS)."""
+        return max(3.0 * self.interval_seconds, STALE_FLOOR_SECONDS)
 
     def __post_init__(self) -> None:
         if self.interval_seconds <= 0:
@@ -226,6 +241,10 @@ class GpuSampler:
         self._cpu_seconds = 0.0
         self._lock = threading.Lock()
         self._snapshot = GpuSnapshot(visible_devices=0 if self.visibility.none else None, expected=self.expected)
+        # self._clock() when the last poll finished (or the thread started), and whether a scrape found the thread
+        # stuck since: both under the lock, so the stuck line and the moving-again line pair up.
+        self._snapshot_at: float | None = None
+        self._stuck = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -238,13 +257,32 @@ class GpuSampler:
     # -- public API --
 
     def snapshot(self) -> GpuSnapshot:
+        """The last poll's snapshot; while the thread runs and that is older than `stale_after_seconds`, the same
+        with NVML down and no GPU: a hung call must not keep the last values (and `nvml_up` 1) on the board.
+        The counters and the last poll's timestamp stay."""
+        bound = self.config.stale_after_seconds
         with self._lock:
-            return self._snapshot
+            snap, at = self._snapshot, self._snapshot_at
+            # Only the thread's polls are due on time: a caller polling by hand (tests, `dump`) polls when it likes.
+            age = 0.0 if at is None or self._thread is None else self._clock() - at
+            if age <= bound:
+                return snap
+            newly, self._stuck = not self._stuck, True
+        if newly:
+            log.warning("GPU sampler: no poll has finished for %.0fs (an NVML call has not returned); reporting NVML "
+                        "down and no GPU values until one does", age)
+        return replace(snap, nvml_up=False, gpus=(), visible_devices=None)
+
+    def active(self) -> bool:
+        """The last poll read a GPU (posttrain_gpu_source_active): a lost or unanswering GPU is not data."""
+        return any(g.up for g in self.snapshot().gpus)
 
     def start(self) -> None:
         if self._thread is not None:
             return
         self._stop.clear()
+        with self._lock:  # the first poll is due from now: one that hangs (in nvmlInit) goes stale too
+            self._snapshot_at = self._clock()
         self._thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
         self._thread.start()
 
@@ -282,7 +320,10 @@ class GpuSampler:
         snap = GpuSnapshot(self._up, tuple(readings), visible, tuple(sorted(self._errors.items())), self._polls,
                            self._poll_seconds, self._cpu_seconds, self._wall(), self.expected)
         with self._lock:
-            self._snapshot = snap
+            self._snapshot, self._snapshot_at = snap, self._clock()
+            recovered, self._stuck = self._stuck, False
+        if recovered:
+            log.info("GPU sampler: polling again (a poll finished after a stuck NVML call)")
         return snap
 
     # -- the loop --
@@ -481,6 +522,15 @@ class GpuSampler:
         if now >= dev.slow_at:
             self._read_slow(dev)
             dev.slow_at = now + self.config.slow_interval_seconds
+        if not values and bits is None:
+            # Every call failed (NVML_ERROR_UNKNOWN after an Xid, ...): not a reading of the GPU, so not up. The
+            # fields said why, one line each; this says what it means, once.
+            self._transition(self._states, f"gpu{dev.index}:unread", "unread", f"GPU sampler: GPU {dev.index} "
+                             f"({dev.uuid}) answered no field; posttrain_gpu_up 0 until it does", logging.WARNING)
+            return GpuReading(dev.index, dev.uuid, dev.model, up=False)
+        if (key := f"gpu{dev.index}:unread") in self._states:
+            self._transition(self._states, key, None, f"GPU sampler: GPU {dev.index} ({dev.uuid}) answers again",
+                             logging.INFO)
         utilization, power = values.get("utilization_ratio"), values.get("power_watts")
         throttle = () if bits is None else _throttle_series(bits)
         phase = None

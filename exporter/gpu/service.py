@@ -18,7 +18,7 @@ class GpuService:
         self.reader: GpuSampler | FeedGpuReader | None = None
         if source == "nvml":
             nvml = self.reader = GpuSampler(config=sampler)
-            self.sources = GpuSourceCollector(source, expected, active=lambda: bool(nvml.snapshot().gpus),
+            self.sources = GpuSourceCollector(source, expected, active=nvml.active,
                                               assigned=lambda: nvml.expected)
         elif source == "feed":
             if not feed_file:

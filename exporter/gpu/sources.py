@@ -56,8 +56,9 @@ class GpuSourceCollector(Collector):
         yield expected
         if self._active is not None:
             active = GaugeMetricFamily("posttrain_gpu_source_active", "1 when this source gave GPU readings at its "
-                                       "last look (nvml: the last poll read a GPU; feed: the trainer's GPU samples "
-                                       "are fresh); the recording rules add source=\"dcgm\" for dcgm-exporter's.",
+                                       "last look (nvml: the last poll read a GPU and is not stale; feed: the "
+                                       "trainer's GPU samples are fresh); the recording rules add "
+                                       "source=\"dcgm\" for dcgm-exporter's.",
                                        labels=["source"])
             active.add_metric([self.source], 1.0 if self._active() else 0.0)
             yield active
