@@ -181,3 +181,46 @@ def test_run_judges_the_trainer_by_its_exit_status(tmp_path) -> None:
     survived = _linger_verdict(["sh", "-c", f"cat {log} {tmp_path / 'tb.txt'}; sleep 1; exit 0"],
                                lambda d: d["finished"] and d["crash"] is None)
     assert survived["verdict"] == "healthy" and survived["crash"] is None, survived
+
+
+def _with_nan_loss(text: str, at: set[int]) -> str:
+    """The log with the loss of the training records numbered in `at` (0-based) printed as NaN."""
+    out, n = [], 0
+    for line in text.splitlines(keepends=True):
+        if "{'loss': '" in line:
+            if n in at:
+                head, rest = line.split("{'loss': '", 1)
+                line = head + "{'loss': 'nan" + rest[rest.index("'"):]
+            n += 1
+        out.append(line)
+    return "".join(out)
+
+
+@pytest.mark.parametrize(("nan_at", "paged_from"), [
+    (set(range(100, 300, 2)), 102),  # every other step from record 100: a numerical failure, not an overflow
+    (set(range(100, 300)), 101),  # every step from record 100 (the page came at the second before too)
+    ({100, 150, 200}, None),  # isolated overflow steps (fp16 loss scaling skips them and goes on): no page
+])
+def test_a_loss_that_is_nan_on_two_of_three_logged_steps_pages(tmp_path, nan_at: set[int],
+                                                                paged_from: int | None) -> None:
+    text = (TRL / "sft" / "combined.log").read_text(encoding="utf-8")
+    v = _judge(tmp_path, _with_nan_loss(text, nan_at))
+    nonfinite = [f for f in v.findings if f.alert == "PostTrainNonFiniteLossOrKL"]
+    if paged_from is None:
+        assert not nonfinite, nonfinite
+        return
+    assert len(nonfinite) == 1 and len(nonfinite[0].episodes) == 1, nonfinite  # held, not flapping
+    assert nonfinite[0].first_step == paged_from + 1, nonfinite  # record N is logged step N + 1 here
+
+
+def test_the_checkpoint_to_keep_is_never_after_a_numerical_failure(tmp_path) -> None:
+    """The reward may still peak after the loss went NaN (its logged mean keeps moving); the report's best step is
+    the peak before the failure began."""
+    text = LOG.read_text(encoding="utf-8")
+    best = _judge(tmp_path, text, "healthy.log").best_step
+    onset = best - 40  # records are logged steps 1, 2, ... in this run
+    v = _judge(tmp_path, _with_nan_loss(text, set(range(onset, 400))))
+    since = next(f for f in v.findings if f.alert == "PostTrainNonFiniteLossOrKL").episodes[0].since
+    assert since <= best
+    assert v.best_step is not None and v.best_step < since, (v.best_step, since)
+    assert v.best_reward is not None and v.kl_at_best is not None

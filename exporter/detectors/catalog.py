@@ -227,8 +227,19 @@ def drifting_without_gain(ctx: BatchContext, v: StreamView) -> Evaluation:
     return _regime(ctx, v, 1, 0)
 
 
+NONFINITE_OF = (2, 3)  # a record's loss or KL not a number, and so were 2 of the last 3 records (this one included)
+
+
 def nonfinite(ctx: BatchContext, v: StreamView) -> Evaluation:
-    return Evaluation(v.new_steps, v.new_values > 0, v.new_values, np.zeros(len(v.new_values)))
+    """Consecutive records (a diverged run) and a failure on every other step alike; one overflow step alone never
+    (fp16 loss scaling skips such a step and goes on)."""
+    needed, of = NONFINITE_OF
+    sums = np.cumsum(np.concatenate([[0.0], v.values]))
+    ends = np.arange(v.start + 1, len(v.values) + 1)
+    recent = sums[ends] - sums[np.maximum(ends - of, 0)]  # nonfinite records among the last `of` (fewer at the start)
+    new = v.new_values
+    # cleared once the last `of` records are all numbers: every other step failing keeps it active, not flapping
+    return Evaluation(v.new_steps, (new > 0) & (recent >= needed), new, np.zeros(len(new)), clear=recent == 0)
 
 
 def reward_peaked_and_fell(ctx: BatchContext, v: StreamView) -> Evaluation:
@@ -477,8 +488,9 @@ DETECTORS: tuple[Detector, ...] = (
         meaning="The model is getting worse and moving away from a known-good reference: stop, and keep the "
                 "best checkpoint (posttrain_reward_peak_step).", reads=(KL,)),
     Detector(
-        "nonfinite_loss_or_kl", "PostTrainNonFiniteLossOrKL", "critical", "loss", NONFINITE, nonfinite, 2,
-        help="Loss or KL logged as NaN or infinite on consecutive logged steps.",
+        "nonfinite_loss_or_kl", "PostTrainNonFiniteLossOrKL", "critical", "loss", NONFINITE, nonfinite, 1,
+        help="Loss or KL logged as NaN or infinite on 2 of the last 3 logged steps (consecutive ones, or every "
+             "other step).",
         basis="numerical failure: the steps after it train on garbage",
         summary="Loss or KL is not a number in run {run}.",
         saw="the loss or the KL was logged as NaN or infinite",

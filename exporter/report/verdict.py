@@ -184,7 +184,7 @@ def judge(run: RunState, runbook_base: str = RUNBOOK_BASE, stats: IngestStats | 
     run.refresh()
     digest = (digest or RunDigest()).close(run)
     found = findings(run, runbook_base)
-    best_step, best_reward, kl_at_best = _best(run, digest)
+    best_step, best_reward, kl_at_best = _best(run, digest, found)
     return RunVerdict(run.name, step_of(run), run.finished, found, best_step, best_reward, kl_at_best,
                       _regimes(run, digest), _instruments(run, digest),
                       {k: d.chart() for k, d in digest.series.items() if d.count},
@@ -225,18 +225,46 @@ def findings(run: RunState, runbook_base: str = RUNBOOK_BASE) -> list[Finding]:
     return sorted(by_alert.values(), key=lambda f: (order[f.severity], f.first_step, f.alert))
 
 
-def _best(run: RunState, digest: RunDigest) -> tuple[int | None, float | None, float | None]:
+# A numerical failure poisons every step from its onset: no checkpoint from then on is one to keep.
+_POISONS = "nonfinite_loss_or_kl"
+
+
+def _best(run: RunState, digest: RunDigest, found: list[Finding]) -> tuple[int | None, float | None, float | None]:
+    """The reward's smoothed peak (posttrain_reward_peak_step), or the peak before a numerical failure began where
+    it came after (the live gauge does not know the detectors)."""
     g = run.derived.gauges
-    step = g.get(("posttrain_reward_peak_step", ()))
+    step, peak = g.get(("posttrain_reward_peak_step", ())), g.get(("posttrain_reward_peak", ()))
     if step is None:
         return None, None, None
+    poisoned = min((e.since for f in found if f.detector == _POISONS for e in f.episodes), default=None)
+    if poisoned is not None and step >= poisoned:
+        step, peak = _peak_before(run, digest, poisoned)
+        if step is None:
+            return None, None, None
     kl = digest.series.get(("kl", None))
     kl_at = None
     if kl is not None and kl.count:
         steps, values = kl.whole()
         i = int(np.searchsorted(steps, step, side="right")) - 1
         kl_at = float(values[i]) if i >= 0 else None
-    return int(step), g.get(("posttrain_reward_peak", ())), kl_at
+    return int(step), peak, kl_at
+
+
+def _peak_before(run: RunState, digest: RunDigest, step: int) -> tuple[int | None, float | None]:
+    """The highest mean of `min_points` consecutive logged rewards ending before `step` (as the live peak smooths),
+    and the step it ends at; None where fewer were logged."""
+    reward = digest.series.get(("reward", None))
+    if reward is None or not reward.count:
+        return None, None
+    steps, values = reward.whole()
+    keep = (steps < step) & np.isfinite(values)
+    steps, values = steps[keep], values[keep]
+    k = run.settings.window_for("reward").min_points
+    if len(values) < k:
+        return None, None
+    smoothed = np.convolve(values, np.ones(k) / k, mode="valid")  # smoothed[i] ends at values[i + k - 1]
+    best = int(np.argmax(smoothed))
+    return int(steps[best + k - 1]), float(smoothed[best])
 
 
 def _direction(t: float, trend_t: float) -> int:
