@@ -246,7 +246,9 @@ class ExporterCollector(Collector):
         rotations = CounterMetricFamily(p + "source_rotations", "Log files replaced under the same path "
                                         "(rename or delete and recreate).", labels=["run", "path"])
         truncations = CounterMetricFamily(p + "source_truncations", "Log files that shrank or whose start was "
-                                          "rewritten (copytruncate) and were read again from the start.",
+                                          "rewritten (copytruncate) and were read again from the start; and "
+                                          "trainer_state.json histories whose entries already read changed (a "
+                                          "resumed or new training), read again from where they differ.",
                                           labels=["run", "path"])
         resumed = CounterMetricFamily(p + "source_resumed", "Times a log source was read on after an interruption, "
                                       "not again from its start: a file that came back (moved away and back, put "

@@ -24,7 +24,9 @@ class FollowStats:
 
     up: bool = False  # the source could be read at the last poll (a stream: it is open)
     rotations: int = 0  # another file took the path (rename, delete and recreate): read from its start
-    truncations: int = 0  # the file shrank or its start was rewritten (copytruncate): read again from its start
+    # the file shrank or its start was rewritten (copytruncate): read again from its start; a trainer_state.json whose
+    # entries already read changed: read again from where they differ
+    truncations: int = 0
     resumed: int = 0  # read on after an interruption (a file that came back, a pod log's stream reopened)
     read_errors: int = 0
     bytes_read: int = 0  # bytes, as read from the file, pipe or connection (not characters after decoding)

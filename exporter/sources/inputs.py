@@ -155,6 +155,7 @@ class TrainerStateInput(_RunInput):
         for reason, n in self.reader.entry_errors.items():
             self._error(reason, n)
         self.reader.entry_errors.clear()
+        self.follow.truncations = self.reader.rewrites  # a history rewritten under us, read again where it differs
         self._hand_over("trainer_state", records)
         return bool(records)
 
