@@ -7,6 +7,8 @@ Lost or duplicated records show as a marker list that is not 1..N."""
 from __future__ import annotations
 
 import errno
+import json
+import logging
 import os
 import random
 import shutil
@@ -154,6 +156,80 @@ def test_copytruncate_then_written_past_the_old_end_before_a_poll(log, fmt) -> N
     f.finish()
     f.assert_exactly_once(9)
     assert f.input.follow.truncations == 1
+
+
+VERL = "step:{} - actor/kl_loss:0.01 - critic/rewards/mean:{} - actor/entropy:1.0\n"
+
+
+def numbered(kind: str, steps: range) -> bytes:
+    """JSON lines (a parser that needs `{"` at the line's start) or verl's step lines (`step:` at the start)."""
+    if kind == "json":
+        return "".join(json.dumps({"step": s, "reward": s / 10, "kl": 0.01}) + "\n" for s in steps).encode()
+    return "".join(VERL.format(s, s / 10) for s in steps).encode()
+
+
+@pytest.mark.parametrize("kind", ["json", "verl"])
+@pytest.mark.parametrize("poll_between", [False, True])
+def test_copytruncate_under_a_writer_that_does_not_append(log, kind: str, poll_between: bool) -> None:
+    """`python train.py > train.log`: no O_APPEND, so after copytruncate the writer writes on at its old offset and
+    the file starts with a hole of NUL bytes. Glued to the first new line, they cost its record."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        first = numbered(kind, range(1, 50))
+        os.write(fd, first)
+        ex = Exporter(Config(), [LogSpec(str(log), "r")])
+        ex.poll_once()
+        shutil.copy(log, log.with_suffix(".log.1"))
+        os.truncate(log, 0)
+        if poll_between:  # the exporter sees the empty file before the writer writes again
+            ex.poll_once()
+        os.write(fd, numbered(kind, range(50, 53)))
+    finally:
+        os.close(fd)
+    ex.poll_once()
+    ex.inputs[0].finish()
+    run = ex.runs["r"]
+    run.refresh()
+    assert [s for s, _ in run.series[("kl", None)].history] == list(range(1, 53))
+    lines = ex.stats["r"].lines
+    assert sum(n for (_, outcome), n in lines.items() if outcome == "record") == 52 and not lines["none", "unmatched"]
+    assert ex.inputs[0].follow.truncations == 1 and ex.inputs[0].follow.nul_bytes == len(first)
+    assert run.resets == 0
+
+
+def test_a_hole_larger_than_a_line_can_be_is_skipped_not_read(log, caplog) -> None:
+    """A writer that had written 64 MiB: the hole is longer than limits.max_line_length, so glued to the next line it
+    cost that line as too long; it is passed by seeking (SEEK_DATA), not read, and said once."""
+    log.write_bytes(numbered("json", range(1, 4)))
+    ex = Exporter(Config(), [LogSpec(str(log), "r")])
+    ex.poll_once()
+    with open(log, "r+b") as f:
+        f.truncate(0)
+        f.seek(64 << 20)  # the writer's old offset
+        f.write(numbered("json", range(4, 6)))
+    caplog.set_level(logging.INFO, logger="exporter.sources.files")
+    t = time.perf_counter()
+    ex.poll_once()
+    assert time.perf_counter() - t < 2.0
+    run = ex.runs["r"]
+    run.refresh()
+    assert [s for s, _ in run.series[("reward", None)].history] == [1, 2, 3, 4, 5]
+    assert not ex.stats["r"].lines_dropped["too_long"] and ex.inputs[0].follow.nul_bytes == 64 << 20
+    assert ex.inputs[0].follow.bytes_read < 1 << 20  # the hole was not read
+    said = [r.getMessage() for r in caplog.records if "NUL bytes" in r.getMessage()]
+    assert len(said) == 1 and f"skipped {64 << 20} NUL bytes at its start" in said[0]
+
+
+def test_nul_bytes_between_lines_are_skipped(log) -> None:
+    """NUL bytes after a line (a writer that appends and one that does not, after a truncation; blocks zeroed by a
+    crash) would be glued to the next one: they are no text, and skipped."""
+    log.write_bytes(numbered("verl", range(1, 5)) + b"\0" * 3000 + numbered("verl", range(5, 8)))
+    ex = Exporter(Config(), [LogSpec(str(log), "r")])
+    ex.poll_once()
+    run = ex.runs["r"]
+    run.refresh()
+    assert [s for s, _ in run.series[("kl", None)].history] == list(range(1, 8))
+    assert not ex.stats["r"].lines["none", "unmatched"] and ex.inputs[0].follow.nul_bytes == 3000
 
 
 def test_delete_and_recreate(log, fmt) -> None:

@@ -263,7 +263,10 @@ class ExporterCollector(Collector):
                                             "output through run or serve --log -) that were not read: reason "
                                             "parser_behind (the exporter fell behind; the copy to the log still "
                                             "has them) or output_failed (the copy to standard output failed past "
-                                            "its retries, e.g. disk full).", labels=["run", "path", "reason"])
+                                            "its retries, e.g. disk full); and a log file's NUL bytes, skipped as no "
+                                            "text: reason nul (the hole a writer not in append mode leaves when the "
+                                            "file is truncated under it, copytruncate).",
+                                            labels=["run", "path", "reason"])
         write_errors = CounterMetricFamily(p + "source_write_errors", "Failed writes of a copied stream (the "
                                            "trainer's output through run or serve --log -) to standard output: each "
                                            "is retried, then its bytes are dropped (source_dropped_bytes).",
@@ -277,6 +280,7 @@ class ExporterCollector(Collector):
             log_dropped.add_metric(lv, inp.follow.log_lines_dropped)
             dropped_bytes.add_metric([*lv, "parser_behind"], inp.follow.dropped_bytes)
             dropped_bytes.add_metric([*lv, "output_failed"], inp.follow.output_dropped_bytes)
+            dropped_bytes.add_metric([*lv, "nul"], inp.follow.nul_bytes)
             up.add_metric(lv, 1.0 if inp.follow.up else 0.0)
             rotations.add_metric(lv, inp.follow.rotations)
             truncations.add_metric(lv, inp.follow.truncations)

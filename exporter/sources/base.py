@@ -31,6 +31,7 @@ class FollowStats:
     read_errors: int = 0
     bytes_read: int = 0  # bytes, as read from the file, pipe or connection (not characters after decoding)
     dropped_bytes: int = 0  # a copied stream's bytes skipped for parsing (the parser was behind), never for the log
+    nul_bytes: int = 0  # a file's NUL bytes, no text: skipped (a hole a writer not in append mode left at a truncation)
     output_dropped_bytes: int = 0  # a copied stream's bytes its copy to standard output could not write (disk full)
     output_write_errors: int = 0  # a copied stream's failed writes to standard output (each retried, then dropped)
     log_lines_dropped: int = 0  # the exporter's own log lines the copier could not place between the trainer's

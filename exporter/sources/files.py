@@ -3,7 +3,9 @@
 Handles growth, a partial last line (the framer holds it until its end arrives), rotation by
 rename and delete-and-recreate (the old file is read to its end, then the new one from its start),
 copytruncate (the file shrinks, or its start is rewritten: read again from its start), a file that
-does not exist yet, and read errors (counted, retried).
+does not exist yet, and read errors (counted, retried). NUL bytes are never text and are skipped (counted in
+`nul_bytes`, said once per file): mostly the hole that a writer not in append mode (`> train.log`) leaves when the
+file is truncated under it, as it writes on at its old offset; glued to the next line, they cost its record.
 
 A file is known by its identity (device and inode) and its fingerprint (its first bytes, up to
 FINGERPRINT_BYTES, and the last bytes read before the offset reached). A file that was let go (it
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 READ_CHUNK = 1 << 20
 FINGERPRINT_BYTES = 4096
 REMEMBERED_FILES = 16  # files let go whose offsets are kept, most recent first to stay
+_SEEK_DATA: int | None = getattr(os, "SEEK_DATA", None)  # Linux, macOS: the next offset holding data, past a hole
 
 
 @dataclass
@@ -47,6 +50,9 @@ class _Mark:
     offset: int = 0
     head: bytes = b""  # the file's first bytes, up to FINGERPRINT_BYTES
     tail: bytes = b""  # the FINGERPRINT_BYTES (or fewer) bytes just before `offset`
+    blank: bool = True  # nothing but NUL bytes from the start to `offset`: a hole, skipped
+    nul: int = 0  # NUL bytes skipped since the start
+    said: bool = False  # the NUL bytes skipped were said
 
     @property
     def key(self) -> tuple[int, int]:
@@ -58,8 +64,16 @@ class _Mark:
         self.tail = (self.tail + data[-FINGERPRINT_BYTES:])[-FINGERPRINT_BYTES:]
         self.offset += len(data)
 
+    def skip(self, n: int) -> None:
+        """Past `n` NUL bytes (a hole, never read whole to be fingerprinted: it may be gigabytes)."""
+        zeros = min(n, FINGERPRINT_BYTES)
+        self.advance(bytes(zeros))
+        self.offset += n - zeros
+        self.nul += n
+
     def rewind(self) -> None:
         self.offset, self.head, self.tail = 0, b"", b""
+        self.blank, self.nul, self.said = True, 0, False
 
 
 class FileFollower:
@@ -260,6 +274,8 @@ class FileFollower:
         assert self._fd is not None and self._mark is not None
         mark = self._mark
         while True:
+            if mark.blank:
+                self._past_hole()
             data = self._read(self._fd, READ_CHUNK)
             if not data:
                 return
@@ -272,8 +288,49 @@ class FileFollower:
             mark.advance(data)
             self.stats.bytes_read += len(data)
             self._last_read = mark
+            if b"\0" in data:  # a memchr: nothing to do for a log without them
+                data = self._without_nul(data)
+                if not data:
+                    continue
+            if mark.nul and not mark.said:
+                self._say_nul()
+            mark.blank = False
             self._line_ended = data[-1:] in (b"\n", b"\r")
             yield self._decoder.decode(data)
+
+    def _past_hole(self) -> None:
+        """Seek past what the filesystem holds as a hole at the start (SEEK_DATA), not reading it: a writer that
+        truncated under it writes on at its old offset, which may be gigabytes in."""
+        assert self._fd is not None and self._mark is not None
+        mark = self._mark
+        try:
+            pos = os.lseek(self._fd, mark.offset, _SEEK_DATA) if _SEEK_DATA is not None else mark.offset
+        except OSError:  # ENXIO: a hole to the end, which a write may end at any moment; EINVAL: not supported
+            os.lseek(self._fd, mark.offset, os.SEEK_SET)
+            return
+        if pos > mark.offset:
+            self.stats.nul_bytes += pos - mark.offset
+            mark.skip(pos - mark.offset)
+
+    def _without_nul(self, data: bytes) -> bytes:
+        """`data` less its NUL bytes (counted): a hole's, glued to the next line, would cost its
+        record (no parser takes a line starting with them); elsewhere they are no text either."""
+        assert self._mark is not None
+        mark = self._mark
+        text = data.replace(b"\0", b"")
+        self.stats.nul_bytes += len(data) - len(text)
+        mark.nul += len(data) - len(text)
+        return text
+
+    def _say_nul(self) -> None:
+        """Once per file (and again after each truncation): text came after NUL bytes skipped."""
+        assert self._mark is not None
+        mark = self._mark
+        mark.said = True
+        log.info("%s: skipped %d NUL bytes%s, no text: most likely the hole a writer not in append mode leaves when "
+                 "the log is truncated under it (copytruncate; write the log with '>>', in append mode); further ones "
+                 "are only counted in posttrain_exporter_source_dropped_bytes_total{reason=\"nul\"}", self.path,
+                 mark.nul, " at its start" if mark.blank else "")
 
     def _end_previous(self) -> Iterator[str]:
         """Between two different files (or a file and its rewritten self): a line the old one left
