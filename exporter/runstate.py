@@ -116,6 +116,14 @@ class RunState:
         self.failure = failure
         self._failure_mark = self._trainer_and_summary() + on_their_way
 
+    def written_by(self, t: float) -> None:
+        """The records read so far were written by `t` (their file's modification time): the last one is no younger,
+        and neither is the first. A log whose trainer died long ago reads as silent since then, not since it was
+        read (the stall alert, the stale verdict)."""
+        if self.last_record_time > t:
+            self.last_record_time = t
+            self.first_record_time = min(self.first_record_time, t)
+
     def exited(self, status: int) -> None:
         self.exit_status = status
 

@@ -224,3 +224,25 @@ def test_the_checkpoint_to_keep_is_never_after_a_numerical_failure(tmp_path) -> 
     assert since <= best
     assert v.best_step is not None and v.best_step < since, (v.best_step, since)
     assert v.best_reward is not None and v.kl_at_best is not None
+
+
+def test_a_log_last_written_long_ago_is_stale_at_once_not_after_the_stall_time(tmp_path) -> None:
+    """`serve` started (or restarted) on the log of a trainer that died two days ago without a sign: its records
+    are as old as the file, so the run is stale at once and the stall alert's timestamp says two days, not "just
+    now" (which read healthy for the next 30 minutes). The same log freshly written is healthy."""
+    import os
+
+    text = LOG.read_text(encoding="utf-8")
+    cut = text[:_train_lines(text)[100]]  # no end summary: it did not finish
+    for age, verdict in ((2 * 86400, "stale"), (0, "healthy")):
+        path = tmp_path / f"old{age}.log"
+        path.write_text(cut, encoding="utf-8")
+        written = time.time() - age
+        os.utime(path, (written, written))
+        ex = Exporter(Config(), [LogSpec(str(path), "r")])
+        ex.poll_once()
+        while ex.catching_up:
+            ex.poll_once()
+        doc = ex.verdict()["runs"][0]
+        assert doc["verdict"] == verdict, (age, doc["verdict"])
+        assert abs(ex.runs["r"].last_record_time - written) < 5, age

@@ -180,8 +180,9 @@ class ExporterCollector(Collector):
                                      "read, by reason.", labels=["run", "format", "reason"])
         records = CounterMetricFamily(p + "records", "Records ingested, by kind (train, eval, summary).",
                                       labels=["run", "kind"])
-        last = GaugeMetricFamily(p + "last_record_timestamp_seconds", "Unix time of the last record "
-                                 "(stall detection: time() minus this).", labels=["run"])
+        last = GaugeMetricFamily(p + "last_record_timestamp_seconds", "Unix time of the last record, read or, for a "
+                                 "log file, its modification time if older (a log caught up on after its trainer "
+                                 "died is that old; stall detection: time() minus this).", labels=["run"])
         dropped = CounterMetricFamily(p + "keys_dropped", "Values of keys left out, by reason: max_keys (past "
                                       "limits.max_keys distinct keys: not exported as posttrain_metric, nor as a "
                                       "label value such as a reward component), key_too_long (over "

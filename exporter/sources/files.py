@@ -87,6 +87,9 @@ class FileFollower:
         self._line_ended = True  # whether the last byte handed out ended a line
         self._last_read: _Mark | None = None  # the file whose bytes were handed out last
         self._warned_missing = False
+        # The regular file's modification time at the last poll: its records were written by then, however late
+        # they are read (a restarted exporter catching up on a log whose trainer died long ago). None: a stream.
+        self.written_at: float | None = None
         self._fifo: int | None = None  # the FIFO held open (stream mode)
         self._fifo_key: tuple[int, int] | None = None
         self._fifo_writer_gone = False  # the last read of the FIFO found no writer (end of a stream, for `dump`)
@@ -128,6 +131,7 @@ class FileFollower:
             elif self._restarted(st):
                 yield from self._end_previous()
             self.stats.up = True
+            self.written_at = st.st_mtime
             yield from self._drain()
         except OSError as e:
             self._failed(e)

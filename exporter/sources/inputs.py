@@ -71,6 +71,8 @@ class FileInput(Source):
             self.stream.feed(chunk)
         if not self._behind:
             self.stream.settle(REDRAW_WAIT_SECONDS)
+        if self.follower.written_at is not None:  # its records are no younger than the file (stall, stale)
+            self.stream.run.written_by(self.follower.written_at)
         return bool(got)
 
     def finish(self) -> None:
