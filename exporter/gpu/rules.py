@@ -37,6 +37,8 @@ Dur = Callable[[float], str]  # seconds -> a Prometheus duration (scaled by the 
 SIDECAR = "cluster, namespace, pod, instance, job"
 EXPORTER = "cluster, namespace, pod, instance"
 DCGM_CONFIGURED = 'posttrain_gpu_source_configured{source="dcgm", pod!=""}'  # a pod: GPUs of no pod never join
+# One series per pod whose sidecar is configured dcgm, with one scrape's identity labels (the join's right-hand side).
+SIDECAR_OF_POD = f"topk by (namespace, pod) (1, max by ({SIDECAR}) ({DCGM_CONFIGURED}))"
 # (label dcgm-exporter may use, the name the join uses), applied in order: the later wins
 POD_LABELS = (("pod_namespace", "namespace"), ("pod_name", "pod"),
               ("exported_namespace", "namespace"), ("exported_pod", "pod"))
@@ -59,10 +61,14 @@ def _by_pod(dcgm_field: str) -> str:
 
 
 def _joined(value: str) -> str:
-    """A per-GPU-and-pod DCGM value as the sidecar would label it, for the pods whose sidecar is configured dcgm."""
+    """A per-GPU-and-pod DCGM value as the sidecar would label it, for the pods whose sidecar is configured dcgm.
+
+    The right-hand side is cut to one series per (namespace, pod) first: a sidecar scraped twice (two jobs, or two
+    instances) would otherwise give two series for the match group, and the many-to-many error fails the whole rule,
+    for every run. topk keeps one scrape's labels (Prometheus keeps the first of equal values)."""
     return (f'max without (modelName) (label_replace(\n{value},\n"model_name", "$1", "modelName", "(.*)"))\n'
             f"* on (namespace, pod) group_left (cluster, instance, job)\n"
-            f"max by ({SIDECAR}) ({DCGM_CONFIGURED})\n")
+            f"{SIDECAR_OF_POD}\n")
 
 
 def _field_value(f: GpuField) -> str:
