@@ -243,6 +243,32 @@ def test_an_error_on_one_field_leaves_the_other_fields(caplog) -> None:
     assert [m for m in infos(caplog) if "readable again" in m] == ["GPU sampler: GPU 1 power readable again"]
 
 
+def test_values_no_gpu_can_have_are_not_exported_but_counted_and_said_once(caplog) -> None:
+    """Utilization 255 %, NVML's 0xFFFFFFFF mW "no value" as power, memory used above total: not a reading of the GPU
+    (a false line on the board, a false phase). The other GPU and the plausible fields are served."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    gpus = [FakeGpu(uuid="GPU-bad", utilization=255, memory_used=90 * 2**30, power_mw=0xFFFFFFFF),
+            FakeGpu(uuid="GPU-good", utilization=90, power_mw=600_000)]
+    s = make(FakeNvml(gpus))
+    for _ in range(3):
+        s.poll_once()
+    text = scrape(s)
+    for name in ("posttrain_gpu_utilization_ratio", "posttrain_gpu_power_watts", "posttrain_gpu_memory_used_bytes",
+                 "posttrain_gpu_memory_total_bytes", "posttrain_gpu_phase"):
+        assert gpus_of(text, name) == {"1"}, name
+    assert gpus_of(text, "posttrain_gpu_temperature_celsius") == {"0", "1"}
+    assert value(text, "posttrain_gpu_up", gpu="0") == 1
+    assert value(text, "posttrain_gpu_nvml_errors_total", kind="out_of_range") == 4 * 3  # 4 values, 3 polls
+    said = [m for m in warnings(caplog) if "out of range" in m]
+    assert len(said) == 4 and any("utilization_ratio out of range (2.55 > 1)" in m for m in said)
+    gpus[0].utilization, gpus[0].power_mw = 50, 300_000
+    s.poll_once()
+    text = scrape(s)
+    assert gpus_of(text, "posttrain_gpu_utilization_ratio") == gpus_of(text, "posttrain_gpu_power_watts") == {"0", "1"}
+    assert "GPU sampler: GPU 0 power_watts in range again" in infos(caplog)
+    assert len([m for m in warnings(caplog) if "out of range" in m]) == 4
+
+
 def test_a_field_that_times_out_is_skipped_for_that_poll() -> None:
     gpus = h100s(2, utilization=95)
     gpus[0].errors["nvmlDeviceGetTemperature"] = pynvml.NVML_ERROR_TIMEOUT

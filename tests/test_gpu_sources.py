@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -492,6 +493,81 @@ def test_the_gpu_feed_reader_counts_bad_lines_and_drops_stale_samples(tmp_path) 
     with path.open("a") as f:
         f.write(json.dumps({**good, "t": 1101.0})[20:] + "\n")
     assert reader.poll_once().gpus[0].power_watts == 300.0
+
+
+def _gpu_line(t: float, **values: float) -> str:
+    gpu = {"gpu": 0, "uuid": "GPU-a", "model": "m", "utilization_ratio": 0.9, "power_watts": 600.0,
+           "memory_used_bytes": 2e9, "memory_total_bytes": 8e10, **values}
+    return json.dumps({"t": t, "nvml_up": True, "cuda_devices": 1, "gpus": [gpu]}) + "\n"
+
+
+class _Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_sample_from_the_future_neither_freezes_the_feed_nor_keeps_it_fresh(tmp_path, caplog) -> None:
+    """A line stamped an hour ahead (a clock step): skipped and counted, said once; the real samples after it are
+    served; freshness follows arrival on the reader's own clock, not the stamps."""
+    caplog.set_level(logging.INFO, logger="exporter.gpu.feed_samples")
+    path = tmp_path / "gpu.jsonl"
+    wall, mono = _Clock(1000.0), _Clock(0.0)
+    reader = FeedGpuReader(str(path), stale_after_seconds=30, wall_clock=wall, clock=mono)
+    path.write_text(_gpu_line(1000.0) + _gpu_line(1000.0 + 3600) + _gpu_line(1000.0 + 3601))
+    reader.poll_once()
+    for k in range(1, 6):
+        wall.t, mono.t = 1000.0 + 10 * k, 10.0 * k
+        with path.open("a") as f:  # the GPU goes idle: the board must show it
+            f.write(_gpu_line(wall.t, utilization_ratio=0.0, power_watts=70.0))
+        snap = reader.poll_once()
+    assert dict(snap.errors) == {"feed_future_sample": 2}
+    (g,) = snap.gpus
+    assert (g.utilization_ratio, g.power_watts, g.phase.phase) == (0.0, 70.0, "idle")
+    assert snap.last_poll_timestamp == 1050.0
+    said = [r.getMessage() for r in caplog.records if "ahead of this clock" in r.getMessage()]
+    assert len(said) == 1 and r"3600s ahead" in said[0]
+    # Stamps that stay within the bound of the wall clock (a trainer's clock 25 s fast) but no new line for longer
+    # than the bound on the reader's own clock: stale, whatever the stamps say.
+    with path.open("a") as f:
+        f.write(_gpu_line(wall.t + 25))
+    reader.poll_once()
+    assert reader.active()
+    mono.t += 31
+    assert reader.poll_once().gpus == () and not reader.active()
+
+
+def test_a_clock_stepped_back_under_the_last_sample_does_not_freeze_the_feed(tmp_path) -> None:
+    path = tmp_path / "gpu.jsonl"
+    wall, mono = _Clock(5000.0), _Clock(0.0)
+    reader = FeedGpuReader(str(path), stale_after_seconds=30, wall_clock=wall, clock=mono)
+    path.write_text(_gpu_line(5000.0))
+    reader.poll_once()
+    wall.t, mono.t = 1000.0, 1.0  # the clock (both sides') stepped back more than an hour
+    with path.open("a") as f:
+        f.write(_gpu_line(1000.0, power_watts=300.0))
+    snap = reader.poll_once()
+    assert [g.power_watts for g in snap.gpus] == [300.0] and snap.errors == ()
+
+
+def test_feed_values_out_of_range_are_refused_counted_and_a_percent_is_not_guessed(tmp_path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="exporter.gpu.feed_samples")
+    path = tmp_path / "gpu.jsonl"
+    path.write_text(_gpu_line(1000.0, utilization_ratio=87.0, power_watts=-5.0, memory_used_bytes=9e10))
+    reader = FeedGpuReader(str(path), stale_after_seconds=30, wall_clock=lambda: 1000.0)
+    snap = reader.poll_once()
+    (g,) = snap.gpus
+    assert (g.utilization_ratio, g.power_watts, g.memory_used_bytes, g.memory_total_bytes, g.phase) == \
+        (None, None, None, None, None)
+    assert dict(snap.errors) == {"feed_out_of_range": 4}
+    said = [r.getMessage() for r in caplog.records if "out of range" in r.getMessage()]
+    assert any("utilization_ratio out of range (87 > 1; a percent?" in m for m in said)
+    with path.open("a") as f:  # plausible again
+        f.write(_gpu_line(1001.0, utilization_ratio=1.0, power_watts=0.0))
+    (g,) = reader.poll_once().gpus
+    assert (g.utilization_ratio, g.power_watts, g.memory_used_bytes) == (1.0, 0.0, 2e9)
 
 
 def test_a_wrong_gpu_source_stops_the_exporter_at_start_saying_what_to_fix() -> None:

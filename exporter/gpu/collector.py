@@ -61,7 +61,10 @@ class GpuCollector(Collector):
             yield visible
         errors = CounterMetricFamily("posttrain_gpu_nvml_errors", "NVML calls that failed, by error kind "
                                      "(the NVMLError class in snake_case: timeout, gpu_is_lost, "
-                                     "library_not_found, ...). NotSupported fields are not errors.", labels=["kind"])
+                                     "library_not_found, ...), and values not exported because no GPU can have "
+                                     "them (out_of_range). With the trainer's GPU feed: feed_bad_line, "
+                                     "feed_unreadable, feed_future_sample (stamped ahead of this clock), "
+                                     "feed_out_of_range. NotSupported fields are not errors.", labels=["kind"])
         for kind, n in snap.errors:
             errors.add_metric([kind], n)
         yield errors

@@ -10,8 +10,15 @@ to a file beside its feed:
 with the fields of exporter/gpu/fields.py by their GpuReading names, already converted. The sidecar follows the
 file (FeedGpuReader) and serves the same posttrain_gpu_* families as from its own NVML (GpuCollector), the phase
 computed here by the same PhaseTracker from the samples' own times. A bad line is counted
-(posttrain_gpu_nvml_errors{kind="feed_bad_line"}) and skipped; samples older than `stale_after_seconds` are not
-served (the trainer stopped or its sampling did)."""
+(posttrain_gpu_nvml_errors{kind="feed_bad_line"}) and skipped. Data are served while fresh: the last sample is at
+most `stale_after_seconds` old by its stamp, and the reader saw a new sample arrive within as long by its own
+monotonic clock (the trainer stopped, or its sampling did, or its clock runs ahead: nothing frozen is served).
+
+A sample stamped more than `stale_after_seconds` ahead of the reader's clock (a clock step, a line from a skewed
+host) is skipped and counted (kind feed_future_sample): it would otherwise become the reference that every later,
+real sample is "older than". If the clock steps back under an accepted sample, the next sample replaces it. A
+value no GPU can have (fields.RANGES: utilization outside [0, 1], which refuses a percent rather than guessing it;
+negative power or memory; memory used above total) is not served, counted as feed_out_of_range."""
 
 from __future__ import annotations
 
@@ -25,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from exporter.gpu.fields import FIELDS
+from exporter.gpu.fields import FIELDS, out_of_range
 from exporter.gpu.phase import PhaseConfig, PhaseTracker
 from exporter.gpu.sampler import GpuReading, GpuSnapshot
 
@@ -37,6 +44,9 @@ MAX_LINE_BYTES = 1 << 16  # a line longer than this is not ours: skipped, counte
 # the whole history), and reads at most a chunk per look: its memory does not grow with the run.
 TAIL_START_BYTES = 1 << 20
 CHUNK_BYTES = 4 << 20
+# utilization_ratio is a ratio: a value in (1, 100] is most likely a percent (an older or hand-written writer), but a
+# guess could as well hide garbage, so it is refused like any other out-of-range value, with this hint.
+PERCENT_HINT = "; a percent? the feed wants a ratio in [0, 1]"
 
 
 def sample_line(t: float, readings: Iterable[GpuReading], nvml_up: bool, cuda_devices: int) -> str:
@@ -90,10 +100,12 @@ class FeedGpuReader:
     `interval_seconds`; `poll_once()` reads what is new in the caller (tests, `dump`). Never raises."""
 
     def __init__(self, path: str, interval_seconds: float = 1.0, stale_after_seconds: float = 30.0,
-                 phase: PhaseConfig | None = None, wall_clock: Callable[[], float] = time.time) -> None:
+                 phase: PhaseConfig | None = None, wall_clock: Callable[[], float] = time.time,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.path, self.interval, self.stale_after = path, interval_seconds, stale_after_seconds
         self.phase_config = phase or PhaseConfig()
-        self._wall = wall_clock
+        self._wall, self._clock = wall_clock, clock
+        self._arrived: float | None = None  # self._clock() when the last sample was taken in
         self._offset = 0
         self._inode: int | None = None
         self._partial = b""
@@ -186,36 +198,58 @@ class FeedGpuReader:
         except BadSample as e:
             self._count("feed_bad_line", f"GPU feed {self.path}: line skipped ({e})")
             return
-        if self._last is not None and t < self._last[0]:
-            self._count("feed_bad_line", f"GPU feed {self.path}: a sample older than the last one skipped")
+        now = self._wall()
+        if t - now > self.stale_after:  # never the reference: every real sample after it would be "older"
+            self._count("feed_future_sample", f"GPU feed {self.path}: a sample stamped {t - now:.0f}s ahead of this "
+                        "clock skipped (a clock step, or the trainer's clock is wrong)")
             return
+        if self._last is not None and t < self._last[0]:
+            if self._last[0] - now <= self.stale_after:
+                self._count("feed_bad_line", f"GPU feed {self.path}: a sample older than the last one skipped")
+                return
+            # The clock stepped back under the last sample: it is the one out of line now. Fresh phase windows
+            # (their times would run backwards).
+            log.info("GPU feed %s: the clock stepped back %.0fs; following the new samples", self.path,
+                     self._last[0] - t)
+            self._phases.clear()
         self.cuda_devices = cuda
         readings = []
         for g in gpus:
             phase = None
-            u, p = g.get("utilization_ratio"), g.get("power_watts")
+            values = {a: g[a] for a in VALUE_FIELDS if a in g}
+            self._drop_out_of_range(g["gpu"], values)
+            u, p = values.get("utilization_ratio"), values.get("power_watts")
             if u is not None and p is not None:
                 tracker = self._phases.get(g["uuid"])
                 if tracker is None:
                     tracker = self._phases[g["uuid"]] = PhaseTracker(self.phase_config, self.interval)
                 phase = tracker.update(t, u, p)
-            values = {a: g[a] for a in VALUE_FIELDS if a in g}
             readings.append(GpuReading(g["gpu"], g["uuid"], g["model"], True, **values, phase=phase))
         self._last = (t, nvml_up, tuple(readings))
+        self._arrived = self._clock()
+
+    def _drop_out_of_range(self, gpu: int, values: dict[str, float]) -> None:
+        for attr, why in out_of_range(values).items():
+            hint = PERCENT_HINT if attr == "utilization_ratio" and 1.0 < values[attr] <= 100.0 else ""
+            del values[attr]
+            self._count("feed_out_of_range", f"GPU feed {self.path}: GPU {gpu} {attr} out of range ({why}{hint}); "
+                        "not served", key=f"feed_out_of_range/{attr}")
 
     def _build(self) -> GpuSnapshot:
         errors = tuple(sorted(self._errors.items()))
         if self._last is None:
             return GpuSnapshot(errors=errors, polls=self._lines)
         t, nvml_up, readings = self._last
-        fresh = self._wall() - t <= self.stale_after
+        # By the stamp (a sidecar started beside an old file) and by arrival (a stamp ahead of this clock)
+        fresh = (self._wall() - t <= self.stale_after and self._arrived is not None
+                 and self._clock() - self._arrived <= self.stale_after)
         return GpuSnapshot(nvml_up=nvml_up, gpus=readings if fresh else (),
                            visible_devices=len(readings) if fresh else 0, errors=errors, polls=self._lines,
                            last_poll_timestamp=t)
 
-    def _count(self, kind: str, message: str) -> None:
+    def _count(self, kind: str, message: str, key: str | None = None) -> None:
         self._errors[kind] += 1
-        if kind not in self._warned:  # one line per kind: a trainer writing garbage must not flood the log
-            self._warned.add(kind)
+        if (key := key or kind) not in self._warned:  # one line per kind: garbage must not flood the log
+            self._warned.add(key)
             log.warning("%s (further such problems are only counted: posttrain_gpu_nvml_errors_total{kind=%r})",
                         message, kind)

@@ -74,6 +74,43 @@ FIELDS: tuple[GpuField, ...] = (
 )
 
 
+# --- plausible values ---------------------------------------------------------------------------------------
+
+# A board draws at most a few kW (a GB200 superchip ~2.7 kW); NVML's "no value" answers (0xFFFFFFFF mW: 4.3 MW)
+# and garbage are far above this.
+MAX_POWER_WATTS = 10_000.0
+# (GpuReading attribute, lowest, highest) of the exported value; None: no bound. A value outside is not a reading
+# of the GPU: not exported, counted (posttrain_gpu_nvml_errors_total{kind="out_of_range"}, or "feed_out_of_range").
+RANGES: tuple[tuple[str, float | None, float | None], ...] = (
+    ("utilization_ratio", 0.0, 1.0),
+    ("memory_used_bytes", 0.0, None),
+    ("memory_total_bytes", 0.0, None),
+    ("power_watts", 0.0, MAX_POWER_WATTS),
+    ("power_limit_watts", 0.0, MAX_POWER_WATTS),
+    ("sm_clock_hertz", 0.0, None),
+    ("energy_joules", 0.0, None),
+)
+
+
+def out_of_range(values: dict[str, float]) -> dict[str, str]:
+    """The attributes of `values` that no GPU can have, each with why (for the log line). Memory used above total
+    names both: which one is wrong cannot be told, and the memory alert divides one by the other."""
+    bad: dict[str, str] = {}
+    for attr, low, high in RANGES:
+        v = values.get(attr)
+        if v is None:
+            continue
+        if low is not None and v < low:
+            bad[attr] = f"{v:g} < {low:g}"
+        elif high is not None and v > high:
+            bad[attr] = f"{v:g} > {high:g}"
+    used, total = values.get("memory_used_bytes"), values.get("memory_total_bytes")
+    if used is not None and total is not None and not bad.keys() & {"memory_used_bytes", "memory_total_bytes"} \
+            and used > total:
+        bad["memory_used_bytes"] = bad["memory_total_bytes"] = f"memory used {used:g} > total {total:g}"
+    return bad
+
+
 @dataclass(frozen=True)
 class Read:
     """One NVML call per poll and GPU, and the GpuReading attributes made from its answer."""

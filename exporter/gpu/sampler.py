@@ -12,6 +12,9 @@ Failure behaviour (the sampler never raises into its caller):
   others are read; one line when the field starts failing, one when it reads again.
 - A field the GPU does not have (NotSupported, FunctionNotFound): never exported, never asked again
   until NVML is re-initialized, not an error.
+- A value no GPU can have (utilization above 100 %, power above 10 kW such as NVML's 0xFFFFFFFF "no value",
+  memory used above total, a negative one): not exported for that poll, counted (kind out_of_range), one line
+  when it starts and one when it ends.
 - A GPU falls off the bus (GpuIsLost, ResetRequired): its series are dropped, `posttrain_gpu_up` for
   it is 0, the other GPUs are still read, and the lost one is probed again with backoff. A GPU that
   answers no field in a poll (every call failing, handle still valid) is not up either, for that poll.
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from exporter.gpu.fields import READS
+from exporter.gpu.fields import READS, out_of_range
 from exporter.gpu.phase import PhaseConfig, PhaseReading, PhaseTracker
 from exporter.gpu.visibility import parse_visibility, select_devices, visibility_from_env
 
@@ -531,6 +534,8 @@ class GpuSampler:
         if (key := f"gpu{dev.index}:unread") in self._states:
             self._transition(self._states, key, None, f"GPU sampler: GPU {dev.index} ({dev.uuid}) answers again",
                              logging.INFO)
+        if values:
+            self._drop_out_of_range(dev, values)
         utilization, power = values.get("utilization_ratio"), values.get("power_watts")
         throttle = () if bits is None else _throttle_series(bits)
         phase = None
@@ -553,6 +558,22 @@ class GpuSampler:
             row_remap_failure=None if remap is None else float(bool(remap[3])),
             phase=phase,
         )
+
+    def _drop_out_of_range(self, dev: _Device, values: dict[str, float]) -> None:
+        """Removes from `values` what no GPU can read (utilization above 100 %, NVML's 0xFFFFFFFF "no value" as
+        power, memory used above total): such a value would draw a false line and a false phase. Counted per value
+        as kind out_of_range; one line when a field goes out of range, one when it is back."""
+        for attr, why in out_of_range(values).items():
+            del values[attr]
+            self._errors["out_of_range"] += 1
+            self._transition(self._field_states, f"gpu{dev.index}/{attr}", "out_of_range", f"GPU sampler: GPU "
+                             f"{dev.index} ({dev.uuid}) {attr} out of range ({why}); not exported while it is",
+                             logging.WARNING)
+        if self._field_states:
+            for attr in values:
+                if self._field_states.get(key := f"gpu{dev.index}/{attr}") == "out_of_range":
+                    self._transition(self._field_states, key, None, f"GPU sampler: GPU {dev.index} {attr} in range "
+                                     "again", logging.INFO)
 
     def _read_slow(self, dev: _Device) -> None:
         # A failed read keeps the last value: these are counters of rare events, a stale count is
