@@ -184,6 +184,45 @@ def test_not_supported_fields_are_absent_not_errors_and_not_asked_again() -> Non
     assert fake.calls["nvmlDeviceGetPowerUsage"] == 3
 
 
+def test_a_field_never_supported_is_said_once_at_info_naming_the_gpu_and_field(caplog) -> None:
+    """A MIG-enabled parent GPU has no utilization: the panel is empty, so the log says why (not at DEBUG)."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    gpus = h100s(2)
+    gpus[1].unsupported = {"nvmlDeviceGetUtilizationRates", "nvmlDeviceGetTotalEnergyConsumption"}
+    fake = FakeNvml(gpus)
+    s = make(fake)
+    for _ in range(20):
+        s.poll_once()
+    said = [m for m in infos(caplog) if "does not support" in m]
+    assert said == [f"GPU sampler: GPU 1 ({gpus[1].uuid}) does not support utilization, energy (NVML NotSupported); "
+                    "not exported, not asked again until NVML is re-initialized"]
+    assert gpus_of(scrape(s), "posttrain_gpu_utilization_ratio") == {"0"}
+    assert fake.calls["nvmlDeviceGetUtilizationRates"] == 20 + 1
+    assert warnings(caplog) == []
+
+
+def test_a_field_that_answered_then_says_not_supported_is_an_error_for_that_poll_and_asked_again(caplog) -> None:
+    """One transient NotSupported (a mode change, a driver hiccup) must not remove a field for the rest of the run."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    gpus = h100s(2, power_mw=600_000)
+    fake = FakeNvml(gpus)
+    s = make(fake)
+    s.poll_once()
+    gpus[0].errors["nvmlDeviceGetPowerUsage"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    s.poll_once()
+    text = scrape(s)
+    assert gpus_of(text, "posttrain_gpu_power_watts") == {"1"}
+    assert value(text, "posttrain_gpu_nvml_errors_total", kind="not_supported") == 1
+    assert any("GPU 0 power unreadable (not_supported" in m for m in warnings(caplog))
+    del gpus[0].errors["nvmlDeviceGetPowerUsage"]
+    for _ in range(3):
+        s.poll_once()
+    assert gpus_of(scrape(s), "posttrain_gpu_power_watts") == {"0", "1"}
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 2 * 5
+    assert "GPU sampler: GPU 0 power readable again" in infos(caplog)
+    assert not [m for m in infos(caplog) if "does not support" in m]
+
+
 def test_slow_fields_are_read_every_slow_interval_and_carried() -> None:
     clock = Clock()
     gpu = h100s(1)[0]
@@ -501,6 +540,9 @@ def test_one_log_line_per_state_change_over_many_polls(caplog) -> None:
             fake.broken = None
         s.poll_once()
     msgs = [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno >= logging.INFO]
+    # the field GPU 0 does not have: said once, not again after NVML's re-init at t=40
+    assert "GPU 0" in msgs[0] and "does not support remapped_rows" in msgs[0], msgs
+    msgs = msgs[1:]
     assert len(msgs) == 5, msgs
     assert "NVML up" in msgs[0] and "temperature unreadable (unknown" in msgs[1]
     assert "temperature readable again" in msgs[2] and "lib_rm_version_mismatch" in msgs[3] and "NVML up" in msgs[4]

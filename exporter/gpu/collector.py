@@ -64,7 +64,8 @@ class GpuCollector(Collector):
                                      "library_not_found, ...), and values not exported because no GPU can have "
                                      "them (out_of_range). With the trainer's GPU feed: feed_bad_line, "
                                      "feed_unreadable, feed_future_sample (stamped ahead of this clock), "
-                                     "feed_out_of_range. NotSupported fields are not errors.", labels=["kind"])
+                                     "feed_out_of_range. A field the GPU never supported is not an error.",
+                                     labels=["kind"])
         for kind, n in snap.errors:
             errors.add_metric([kind], n)
         yield errors

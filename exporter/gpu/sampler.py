@@ -10,8 +10,10 @@ Failure behaviour (the sampler never raises into its caller):
   best-effort nvmlShutdown.
 - One field of one GPU fails (a timeout, no permission): that field is missing from this poll, the
   others are read; one line when the field starts failing, one when it reads again.
-- A field the GPU does not have (NotSupported, FunctionNotFound): never exported, never asked again
-  until NVML is re-initialized, not an error.
+- A field the GPU does not have (NotSupported, FunctionNotFound from its first answer on): never exported, never
+  asked again until NVML is re-initialized, not an error; said once per GPU at info, naming the fields. A field that
+  answered before and then says NotSupported (a transient answer, a mode change) is an error for that poll, counted
+  (kind not_supported) and asked again at the next poll, like any failing field.
 - A value no GPU can have (utilization above 100 %, power above 10 kW such as NVML's 0xFFFFFFFF "no value",
   memory used above total, a negative one): not exported for that poll, counted (kind out_of_range), one line
   when it starts and one when it ends.
@@ -207,6 +209,8 @@ class _Device:
     backoff: _Backoff
     lost: bool = False
     unsupported: set[str] = field(default_factory=set)
+    supported: set[str] = field(default_factory=set)  # fields that answered once: NotSupported is an error for them
+    new_unsupported: list[str] = field(default_factory=list)  # found unsupported in this poll, to be said once
     slow_at: float = float("-inf")  # next time the slow fields are due
     slow: dict[str, Any] = field(default_factory=dict)  # last slow readings, carried between slow reads
 
@@ -239,6 +243,7 @@ class GpuSampler:
         self._states: dict[str, str] = {}
         # ... and per failing field ("gpu0/power" -> kind), kept apart so the common case checks an empty dict.
         self._field_states: dict[str, str] = {}
+        self._said_unsupported: set[tuple[str, str]] = set()  # (UUID, field) said to be unsupported
         self._polls = 0
         self._poll_seconds = 0.0
         self._cpu_seconds = 0.0
@@ -450,6 +455,20 @@ class GpuSampler:
                              f"lost ({e.kind}: {e.error}); its series are dropped, probing again in {wait:g}s",
                              logging.WARNING)
             return GpuReading(dev.index, dev.uuid, dev.model, up=False)
+        finally:
+            if dev.new_unsupported:
+                self._say_unsupported(dev)
+
+    def _say_unsupported(self, dev: _Device) -> None:
+        """One info line per GPU for the fields it does not have, once per GPU and field for the sampler's life (a
+        re-init finds them again): a missing panel (no utilization on a MIG-enabled GPU, no power on some boards)
+        must be explained somewhere, but it is not a fault."""
+        new = [f for f in dev.new_unsupported if (dev.uuid, f) not in self._said_unsupported]
+        dev.new_unsupported.clear()
+        if new:
+            self._said_unsupported.update((dev.uuid, f) for f in new)
+            log.info("GPU sampler: GPU %d (%s) does not support %s (NVML NotSupported); not exported, not asked "
+                     "again until NVML is re-initialized", dev.index, dev.uuid, ", ".join(new))
 
     def _probe(self, dev: _Device, now: float) -> bool:
         """A lost GPU comes back (after a reset) with a new handle, found by its UUID."""
@@ -482,15 +501,17 @@ class GpuSampler:
         fn = getattr(nvml, fn_name, None)
         if fn is None:  # an older pynvml without this function
             dev.unsupported.add(fld)
+            dev.new_unsupported.append(fld)
             return None
         try:
             value = fn(dev.handle, *args)
         except nvml.NVMLError as e:
             kind = error_kind(e)
-            if kind in UNSUPPORTED:
+            if kind in UNSUPPORTED and fld not in dev.supported:  # the GPU does not have it: stop asking
                 dev.unsupported.add(fld)
-                log.debug("GPU %d: %s not supported (%s)", dev.index, fld, kind)
+                dev.new_unsupported.append(fld)
                 return None
+            # (a field that answered before and now says NotSupported fails this poll only, like any other error)
             self._errors[kind] += 1
             if kind in DEVICE_LOST:
                 raise _DeviceLost(kind, e) from e
@@ -506,6 +527,8 @@ class GpuSampler:
                              f"{fld} unreadable (unexpected {type(e).__name__}: {e}); other fields still exported",
                              logging.ERROR, exc_info=True)
             return None
+        if fld not in dev.supported:
+            dev.supported.add(fld)
         if self._field_states and f"gpu{dev.index}/{fld}" in self._field_states:
             self._transition(self._field_states, f"gpu{dev.index}/{fld}", None, f"GPU sampler: GPU {dev.index} "
                              f"{fld} readable again", logging.INFO)
