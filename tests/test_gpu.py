@@ -367,6 +367,57 @@ def test_a_gpu_lost_mid_run_drops_its_series_and_keeps_the_others(caplog) -> Non
     assert any("GPU 1" in m and "is back" in m for m in infos(caplog))
 
 
+def test_a_gpu_unreadable_at_init_is_a_lost_gpu_probed_with_backoff_not_dropped(caplog) -> None:
+    """GpuIsLost for one GPU while NVML starts: reported lost (up 0, counted in the visible GPUs), probed again by its
+    index with the same backoff as a GPU lost mid-run, sampled under its UUID once it answers."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    clock = Clock()
+    gpus = h100s(2, utilization=95, power_mw=600_000)
+    gpus[1].lost = True
+    fake = FakeNvml(gpus)
+    s = make(fake, clock, env={"CUDA_VISIBLE_DEVICES": "0,1"}, backoff_initial_seconds=1, backoff_max_seconds=4)
+    for t in range(8):
+        clock.t = t
+        snap = s.poll_once()
+        assert snap.nvml_up and snap.visible_devices == 2 and [g.up for g in snap.gpus] == [True, False]
+    text = scrape(s)
+    assert value(text, "posttrain_gpu_up", gpu="1") == 0
+    assert gpus_of(text, "posttrain_gpu_power_watts") == {"0"}
+    assert s.active()
+    # unreadable at init (t=0), probed again at 1, 3, 7 (backoff 1, 2, 4): 4 errors, 1 line
+    assert value(text, "posttrain_gpu_nvml_errors_total", kind="gpu_is_lost") == 4
+    assert fake.calls["nvmlDeviceGetHandleByIndex"] == 2 + 3
+    said = [m for m in warnings(caplog) if "GPU 1" in m]
+    assert len(said) == 1 and "unreadable at NVML init (gpu_is_lost" in said[0] and "probing again" in said[0]
+    gpus[1].lost = False
+    clock.t = 11
+    s.poll_once()
+    text = scrape(s)
+    assert value(text, "posttrain_gpu_up", gpu="1", UUID=gpus[1].uuid, model_name=gpus[1].name) == 1
+    assert gpus_of(text, "posttrain_gpu_power_watts") == {"0", "1"}
+    assert any(f"GPU 1 ({gpus[1].uuid}) is back" in m for m in infos(caplog))
+    assert fake.calls["nvmlInit"] == 1
+
+
+def test_a_gpu_unreadable_at_init_under_uuid_visibility_is_kept_until_its_uuid_says_whose_it_is(caplog) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    gpus = h100s(3, utilization=95)
+    gpus[1].lost = gpus[2].lost = True
+    fake = FakeNvml(gpus)
+    clock = Clock()
+    # GPU 2 is this process's, GPU 1 is not: neither can tell at init
+    s = make(fake, clock, env={"CUDA_VISIBLE_DEVICES": gpus[2].uuid}, backoff_initial_seconds=1)
+    snap = s.poll_once()
+    assert snap.visible_devices == 2 and [(g.index, g.up) for g in snap.gpus] == [(1, False), (2, False)]
+    gpus[1].lost = gpus[2].lost = False
+    clock.t = 2
+    snap = s.poll_once()
+    assert snap.visible_devices == 1 and [(g.index, g.uuid, g.up) for g in snap.gpus] == [(2, gpus[2].uuid, True)]
+    assert any("GPU 1" in m and "not one of CUDA_VISIBLE_DEVICES's" in m for m in infos(caplog))
+    clock.t = 3
+    assert [g.index for g in s.poll_once().gpus] == [2]
+
+
 def test_nvml_library_missing_exports_up_zero_and_backs_off(caplog) -> None:
     caplog.set_level(logging.INFO, logger=LOGGER)
     clock = Clock()

@@ -18,7 +18,9 @@ Failure behaviour (the sampler never raises into its caller):
   memory used above total, a negative one): not exported for that poll, counted (kind out_of_range), one line
   when it starts and one when it ends.
 - A GPU falls off the bus (GpuIsLost, ResetRequired): its series are dropped, `posttrain_gpu_up` for
-  it is 0, the other GPUs are still read, and the lost one is probed again with backoff. A GPU that
+  it is 0, the other GPUs are still read, and the lost one is probed again with backoff. The same for a GPU
+  already lost when NVML starts (its UUID unknown until it answers: probed by index; under UUID visibility kept
+  while an entry matches no GPU, and dropped if it turns out to be another's). A GPU that
   answers no field in a poll (every call failing, handle still valid) is not up either, for that poll.
 - An NVML call that never returns (a wedged driver): the thread cannot say so itself, so `snapshot()`
   does. Once no poll has finished for `SamplerConfig.stale_after_seconds`, it reports NVML down and no
@@ -208,6 +210,9 @@ class _Device:
     handle: Any
     backoff: _Backoff
     lost: bool = False
+    # Unreadable at init and kept only because a UUID entry of the visibility matched no GPU: judged once readable.
+    maybe_foreign: bool = False
+    foreign: bool = False  # ... and it was not one of ours: no longer sampled
     unsupported: set[str] = field(default_factory=set)
     supported: set[str] = field(default_factory=set)  # fields that answered once: NotSupported is an error for them
     new_unsupported: list[str] = field(default_factory=list)  # found unsupported in this poll, to be said once
@@ -361,15 +366,19 @@ class GpuSampler:
         readings = []
         for dev in self._devices:
             try:
-                readings.append(self._read_device(dev, now))
+                reading = self._read_device(dev, now)
             except _NvmlDown as e:
                 self._go_down(e.kind, e.error, now)
                 return []
+            if not dev.foreign:
+                readings.append(reading)
+        if len(readings) < len(self._devices):
+            self._devices = [d for d in self._devices if not d.foreign]
         # Up only once a whole poll went through: an init that succeeds before every read fails
         # keeps backing off, and logs nothing new.
         if self._states.get("nvml") != "up":
             self._backoff.reset()
-            gpus = ", ".join(f"{d.index}:{d.model}" for d in self._devices) or "none"
+            gpus = ", ".join(f"{d.index}:{d.model or 'unreadable'}" for d in self._devices) or "none"
             self._transition(self._states, "nvml", "up", f"GPU sampler: NVML up, sampling {len(self._devices)} "
                              f"GPU(s) ({gpus}) every {self.config.interval_seconds:g}s", logging.INFO)
         return readings
@@ -390,6 +399,7 @@ class GpuSampler:
             nvml.nvmlInit()
             initialized = True
             found: list[tuple[int, str, str, Any]] = []
+            unread: dict[int, tuple[str, BaseException]] = {}  # index -> (kind, error)
             for i in range(nvml.nvmlDeviceGetCount()):
                 try:
                     h = nvml.nvmlDeviceGetHandleByIndex(i)
@@ -399,17 +409,25 @@ class GpuSampler:
                     if kind in NVML_DOWN:
                         raise
                     self._errors[kind] += 1
-                    log.warning("GPU sampler: GPU %d unreadable at NVML init (%s: %s); skipped until NVML is "
-                                "re-initialized", i, kind, e)
+                    if kind in DEVICE_LOST:
+                        unread[i] = (kind, e)
+                    else:  # (no_permission: a GPU outside this cgroup, not a fault of one of ours)
+                        log.warning("GPU sampler: GPU %d unreadable at NVML init (%s: %s); skipped until NVML is "
+                                    "re-initialized", i, kind, e)
         except Exception as e:
             if initialized:
                 self._shutdown()
             self._go_down(error_kind(e), e, now)
             return
-        chosen, unmatched = select_devices(self.visibility, [(i, u) for i, u, _, _ in found])
+        # An unreadable GPU (UUID unknown, "") is matched by its index; under UUID entries it is kept while an entry
+        # is unmatched (it may be that GPU) and judged once its UUID is read (_probe).
+        chosen, unmatched = select_devices(self.visibility, [(i, u) for i, u, _, _ in found]
+                                           + [(i, "") for i in unread])
+        by_uuid = any(not e.isdigit() for e in unmatched)
         if unmatched:
-            log.warning("GPU sampler: %s entries %s match no GPU NVML lists (%s)", self.visibility.source,
-                        ",".join(unmatched), ", ".join(f"{i}:{u}" for i, u, _, _ in found) or "none")
+            log.warning("GPU sampler: %s entries %s match no GPU NVML lists (%s)%s", self.visibility.source,
+                        ",".join(unmatched), ", ".join(f"{i}:{u}" for i, u, _, _ in found) or "none",
+                        f"; {len(unread)} GPU(s) unreadable at init may be some" if unread else "")
         cfg = self.config
         keep = set(chosen)
         self._devices = [_Device(i, u, m, h, _Backoff(cfg.backoff_initial_seconds, cfg.backoff_max_seconds))
@@ -419,6 +437,20 @@ class GpuSampler:
         self._field_states.clear()
         for key in [k for k in self._states if k.startswith("gpu")]:
             del self._states[key]
+        # A GPU lost at init (GpuIsLost, ResetRequired) is a GPU lost from the start, not one that is not there: up 0,
+        # probed again with backoff by its index, as a GPU lost mid-run is by its UUID.
+        for i, (kind, e) in unread.items():
+            if i not in keep and not by_uuid:
+                log.warning("GPU sampler: GPU %d unreadable at NVML init (%s: %s); not one of this process's GPUs "
+                            "(%s)", i, kind, e, self.visibility.source)
+                continue
+            dev = _Device(i, "", "", None, _Backoff(cfg.backoff_initial_seconds, cfg.backoff_max_seconds), lost=True,
+                          maybe_foreign=i not in keep)
+            wait = dev.backoff.failed(now)
+            self._transition(self._states, f"gpu{i}", kind, f"GPU sampler: GPU {i} unreadable at NVML init ({kind}: "
+                             f"{e}); reported lost (posttrain_gpu_up 0), probing again in {wait:g}s", logging.WARNING)
+            self._devices.append(dev)
+        self._devices.sort(key=lambda d: d.index)
 
     def _go_down(self, kind: str, error: BaseException, now: float) -> None:
         self._errors[kind] += 1
@@ -471,12 +503,17 @@ class GpuSampler:
                      "again until NVML is re-initialized", dev.index, dev.uuid, ", ".join(new))
 
     def _probe(self, dev: _Device, now: float) -> bool:
-        """A lost GPU comes back (after a reset) with a new handle, found by its UUID."""
+        """A lost GPU comes back (after a reset) with a new handle, found by its UUID; one unreadable since NVML's
+        init (no UUID known) by its index, and then named."""
         if not dev.backoff.due(now):
             return False
         nvml = self._nvml
         try:
-            h = nvml.nvmlDeviceGetHandleByUUID(dev.uuid)
+            if dev.uuid:
+                h = nvml.nvmlDeviceGetHandleByUUID(dev.uuid)
+            else:
+                h = nvml.nvmlDeviceGetHandleByIndex(dev.index)
+                uuid, model = nvml.nvmlDeviceGetUUID(h), nvml.nvmlDeviceGetName(h)
             nvml.nvmlDeviceGetMemoryInfo(h)
         except nvml.NVMLError as e:
             kind = error_kind(e)
@@ -485,6 +522,14 @@ class GpuSampler:
                 raise _NvmlDown(kind, e) from e
             dev.backoff.failed(now)
             return False
+        if not dev.uuid:
+            if dev.maybe_foreign and not select_devices(self.visibility, [(dev.index, uuid)])[0]:
+                dev.foreign = True  # readable now, and not a GPU the visibility names: dropped (_poll)
+                self._transition(self._states, f"gpu{dev.index}", None, f"GPU sampler: GPU {dev.index} ({uuid}), "
+                                 f"unreadable at NVML init, is readable and not one of {self.visibility.source}'s; "
+                                 "not sampled", logging.INFO)
+                return False
+            dev.uuid, dev.model, dev.maybe_foreign = uuid, model, False
         dev.handle, dev.lost = h, False
         dev.unsupported.clear()
         dev.slow_at = float("-inf")
