@@ -30,8 +30,10 @@ LINE_DROP_REASONS = ("too_long", *SAMPLE_DROP_REASONS)
 # epoch: a fallback step that the record's epoch contradicts; cut_line: a record lost to a cut line made the pairing
 # of the records after it with the bar's redraws a guess (checked against their epoch); late_redraw: a record took
 # its fallback step while its redraw was due (the stream paused past the wait), and the redraw showed another step;
-# stale_redraw: a redraw that a line which is no record took (tqdm.write of a message) was left out.
-STEP_DISAGREEMENT_REASONS = ("epoch", "cut_line", "late_redraw", "stale_redraw")
+# stale_redraw: a redraw that a line which is no record took (tqdm.write of a message) was left out; refused_bar: a
+# bar of another total than the training bar's, drawn from 0 before that one ended, was left out while training
+# records took fallback steps (a new training's bar that nothing told apart from an evaluation's; once per such bar).
+STEP_DISAGREEMENT_REASONS = ("epoch", "cut_line", "late_redraw", "stale_redraw", "refused_bar")
 # A record from a longer line may hold many or long keys: the run's limits are applied before it waits
 # for its step or its batch, so that waiting records stay small.
 _WIDE_LINE = 16 * 1024
@@ -124,7 +126,7 @@ class ConsoleStream:
         self.parsers = parsers
         self.framer = ConsoleFramer(self, max_line_length)
         self._blocks = parsers.metrics_blocks  # the Trainer's metrics blocks the parsers follow (None: none)
-        self.clock = StepClock(stats.step_disagreements)
+        self.clock = StepClock(stats.step_disagreements, self._refused_bar)
         # lines no metric parser takes: the trainer's printed completions (what they leave out: lines_dropped)
         self.samples = SampleReader(self.stats.lines_dropped)
         self.postfixes = PostfixReader(stats.lines, accumulation)  # metrics in bar postfixes (console/postfix.py)
@@ -426,6 +428,15 @@ class ConsoleStream:
             log.warning("run %s: the trainer's output shows a failure (%s) after step %d: %.200s; the run is judged "
                         "crashed unless training records follow", self.run.name, failure.kind, self.run.step,
                         failure.text)
+
+    def _refused_bar(self, total: str, training_total: str, count: int) -> None:
+        self.stats.warn_once(self.run.name, ("refused_bar",), "training records take fallback steps after step %d "
+                             "while a progress bar of %s steps, drawn from 0 before the training bar (%s steps) "
+                             "ended, was left out as no training bar; if a new training began (a trainer restarted "
+                             "with another max_steps, without its `Total optimization steps` line), their steps are "
+                             "guesses; further ones are only counted in "
+                             "posttrain_exporter_step_disagreements_total{reason=\"refused_bar\"}",
+                             count, total, training_total)
 
     def _internal_error(self, text: str) -> None:
         self.stats.lines["unknown", "error"] += 1

@@ -153,3 +153,105 @@ def test_trainer_state_json_full_precision() -> None:
     state = {e["step"]: e for e in trainer_state("grpo") if "loss" in e}
     kl = hist(ex, "kl")
     assert kl[285] == state[285]["kl"] and ex.runs["r"].step == 300 and ex.runs["r"].finished
+
+
+# --- a new training in the same log, its bar of another total, before the last one ended ------------------------
+
+CRASH = ('Traceback (most recent call last):\n  File "train.py", line 44, in <module>\n    trainer.train()\n'
+         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
+BANNER = ("***** Running training *****\n  Num examples = 1,100\n  Num Epochs = 5\n"
+          "  Instantaneous batch size per device = 4\n  Total optimization steps = 600\n")
+EVALUATION = "".join(f"\r{100 * n // 7:3d}%|          | {n}/7 [00:00<00:00, 30.1it/s]" for n in range(8))
+_PRINTED = re.compile(r"\{'[^{}\n]*\}")  # a record as ProgressCallback prints it (no nested braces)
+
+
+def captured(run: str, capture: str) -> str:
+    return (TRL / run / capture).read_bytes().decode()  # read_text would turn the bars' \r into \n
+
+
+def crashed_at(run: str, capture: str, step: int) -> str:
+    """The capture cut where its bar shows `step`, then an OOM traceback; the records at or before `step` that
+    stdout still held (block-buffered) come after it, flushed as the interpreter exits."""
+    text = captured(run, capture)
+    at = text.index(f"| {step}/300")
+    cut = min(i for i in (text.find("\r", at), text.find("\n", at)) if i >= 0)
+    done = sum(1 for e in trainer_state(run) if e["step"] <= step and "train_runtime" not in e)
+    late = _PRINTED.findall(text[cut:])[: max(0, done - len(_PRINTED.findall(text[:cut])))]
+    return text[:cut] + "\n" + CRASH + "".join(r + "\n" for r in late)
+
+
+def restarted(run: str, capture: str, after: int = 0) -> str:
+    """The capture again, as a new training of 600 steps (batch size halved) would print it; from the step after
+    `after` (unbuffered: a resume from checkpoint-`after`, whose bar starts at 0 and jumps there)."""
+    text = captured(run, capture)
+    if after:
+        start = text.index(f"| {after + 1}/300")
+        text = "\r  0%|          | 0/300 [00:00<?, ?it/s]" + text[text.rindex("\r", 0, start):]
+    return re.sub(r"(\| *\d+)/300\b", r"\1/600", text)
+
+
+def new_training(tmp_path, text: str) -> tuple[Exporter, dict[int, float]]:
+    path = tmp_path / "train.log"
+    path.write_text(text, encoding="utf-8")
+    ex = load(path)
+    return ex, hist(ex, "loss")
+
+
+@pytest.mark.parametrize("run", ["sft", "grpo"])
+@pytest.mark.parametrize("capture", ["combined.log", "combined_unbuffered.log"])
+def test_a_restarted_training_with_another_total_takes_its_bars_steps(tmp_path, run: str, capture: str) -> None:
+    """A run of 300 steps dies at 150; the same log then has a new `***** Running training *****` with `Total
+    optimization steps = 600` and its bar from 0/600. Its records take the new bar's steps (a reset: the steps go
+    back), not the steps after the dead run's (151, 152, ...)."""
+    ex, loss = new_training(tmp_path, crashed_at(run, capture, 150) + BANNER + restarted(run, capture))
+    state = {e["step"]: e["loss"] for e in trainer_state(run) if "loss" in e}
+    assert sorted(loss) == sorted(state) and all(close4(loss[s], state[s]) for s in state)
+    assert ex.runs["r"].resets == 1 and ex.runs["r"].step == 300
+    assert ex.stats["r"].step_sources["bar"] > 0 and ex.stats["r"].step_sources["ordinal"] == 0
+    assert not ex.stats["r"].step_disagreements
+
+
+@pytest.mark.parametrize("run", ["sft", "grpo"])
+def test_a_resumed_training_with_another_total_takes_its_bars_steps(tmp_path, run: str) -> None:
+    """Resumed from checkpoint-100 with another total: the new bar from 0/600 jumps to 101; the records take 101 on
+    (a reset back from 150), the history is the trainer's."""
+    capture = "combined_unbuffered.log"
+    ex, loss = new_training(tmp_path, crashed_at(run, capture, 150) + BANNER + restarted(run, capture, after=100))
+    state = {e["step"]: e["loss"] for e in trainer_state(run) if "loss" in e}
+    assert sorted(loss) == sorted(state) and all(close4(loss[s], state[s]) for s in state)
+    assert ex.runs["r"].resets == 1 and not ex.stats["r"].step_disagreements
+    assert ex.stats["r"].step_sources["ordinal"] == 0
+
+
+@pytest.mark.parametrize("run", ["sft", "grpo"])
+def test_a_restarted_training_without_its_banner_is_told_by_a_records_redraw(tmp_path, run: str) -> None:
+    """No `Total optimization steps` line (the Trainer logs it at INFO): unbuffered, the first record's redraw is
+    the new bar's, which began at 0 before it: that is the training bar. A baseline evaluation's bar before it (no
+    description, not nested: no training bar is open) stays another bar."""
+    capture = "combined_unbuffered.log"
+    ex, loss = new_training(tmp_path, crashed_at(run, capture, 150) + EVALUATION + "\n" + restarted(run, capture))
+    state = {e["step"]: e["loss"] for e in trainer_state(run) if "loss" in e}
+    assert sorted(loss) == sorted(state) and all(close4(loss[s], state[s]) for s in state)
+    assert ex.runs["r"].resets == 1 and not ex.stats["r"].step_disagreements
+    assert ex.stats["r"].step_sources["ordinal"] == 0
+
+
+def test_a_restarted_training_that_nothing_tells_apart_is_counted_and_said(tmp_path, caplog) -> None:
+    """Block-buffered and without the banner, the new bar looks like an evaluation's: its records take fallback
+    steps, and that is counted once (refused_bar) and logged once, never silent."""
+    ex, _ = new_training(tmp_path, crashed_at("sft", "combined.log", 150) + restarted("sft", "combined.log"))
+    assert ex.stats["r"].step_disagreements["refused_bar"] == 1
+    assert sum("refused_bar" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("where", ["| 75/300", "| 76/300"])  # before the record's redraw, or after it
+def test_an_evaluation_bar_while_the_training_bar_runs_is_still_left_out(tmp_path, where: str) -> None:
+    """An evaluation's bar from 0 of another total, not nested, while the training bar runs (its banner read): left
+    out as before, the records after it keep the training bar's redraws; nothing is counted."""
+    text = captured("sft", "combined_unbuffered.log")
+    cut = text.rindex("\r", 0, text.index(where))
+    ex, loss = new_training(tmp_path, BANNER.replace("600", "300") + text[:cut] + EVALUATION + text[cut:])
+    state = {e["step"]: e["loss"] for e in trainer_state("sft") if "loss" in e}
+    assert sorted(loss) == sorted(state) and all(close4(loss[s], state[s]) for s in state)
+    assert ex.runs["r"].resets == 0 and not ex.stats["r"].step_disagreements
+    assert ex.stats["r"].step_sources["ordinal"] == 0  # (sft logs every step: ordinals would look right)

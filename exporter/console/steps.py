@@ -9,8 +9,14 @@ records by ordinal.
 
 Only the training bar gives steps. It has no description (`Loading checkpoint shards: 100%|` and
 `Map: 100%|` have one; the framer leaves out nested bars such as evaluation's), and its total is the
-run's max steps: the first such bar sets the total, and a bar of another total is another bar, unless
-it starts (at 0) once the last one ran to its end or gave no record a step (a new `trainer.train()`).
+run's max steps: the first such bar sets the total, and a bar of another total is another bar (an
+evaluation's, a prediction's), unless it starts (at 0) once the last one ran to its end or gave no record a
+step (a new `trainer.train()`). A new training in the same stream before the last bar ended (a trainer that
+died, restarted with another max_steps) is told apart by what only a training bar shows: the Trainer's
+`Total optimization steps = N` read since the training bar was taken, and a bar of N from 0; or a training
+record printed through tqdm.write whose redraw is the other bar's (it started at 0). Its records then take its
+steps (a step that goes back is a resume, by the run state's rules). A bar from 0 left out while training
+records take fallback steps is counted (`refused_bar`): their steps may be another training's.
 
 A clear whose redraw never comes (a line of spaces that only looks like one) must not hold the
 records after it: a clear before any bar draw is none, and once more records wait for one redraw
@@ -33,6 +39,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter, deque
+from collections.abc import Callable
 
 from exporter.parsers.record import Record, RecordKind
 
@@ -98,6 +105,7 @@ class EpochCheck:
 
 
 # `  Total optimization steps = 1,170` and the other facts the Trainer prints when training starts (any prefix).
+_TOTAL_STEPS = "Total optimization steps"
 _STATED = re.compile(r"\b(Total optimization steps|Num Epochs|Num examples|Total train batch size)\b[^=\n]{0,60}+="
                      r"\s*+([\d,]{1,20}+)")
 _GLOBAL_STEP = re.compile(r"\bglobal_step(\d{1,15}+)\b")
@@ -107,13 +115,14 @@ STEP_SOURCES = ("bar", "bar_count", "epoch", "checkpoint", "ordinal")  # where a
 class StatedScale:
     """What a log says of its run's scale, read from its lines that are no record."""
 
-    __slots__ = ("_facts", "checkpoint", "checkpoint_records", "per_epoch")
+    __slots__ = ("_facts", "checkpoint", "checkpoint_records", "per_epoch", "total_steps")
 
     def __init__(self) -> None:
         self._facts: dict[str, int] = {}
         self.per_epoch: float | None = None  # training steps per epoch
         self.checkpoint: int | None = None  # the step of the last `global_stepN` line
         self.checkpoint_records = 0  # training records since the line before it (or the start)
+        self.total_steps: int | None = None  # the last `Total optimization steps` not yet matched by a training bar
 
     def read(self, line: str) -> bool:
         """Takes what `line` states; True when it stated a checkpoint's step."""
@@ -123,6 +132,8 @@ class StatedScale:
                 value = int(m.group(2).replace(",", "") or 0)
                 if value > 0:
                     self._facts[m.group(1)] = value
+                    if m.group(1) == _TOTAL_STEPS:
+                        self.total_steps = value
                     if m.group(1) != "Num examples":  # an evaluation prints its own, with no train batch size
                         self._per_epoch()
         if "global_step" in line:
@@ -137,8 +148,8 @@ class StatedScale:
         over the total batch size (one step off per epoch under accumulation) tell the two apart."""
         facts = self._facts
         by_steps = by_examples = None
-        if "Total optimization steps" in facts and "Num Epochs" in facts:
-            by_steps = facts["Total optimization steps"] / facts["Num Epochs"]
+        if _TOTAL_STEPS in facts and "Num Epochs" in facts:
+            by_steps = facts[_TOTAL_STEPS] / facts["Num Epochs"]
         if "Num examples" in facts and "Total train batch size" in facts:
             by_examples = float(math.ceil(facts["Num examples"] / facts["Total train batch size"]))
         if by_steps is not None and (by_examples is None or abs(by_steps - by_examples) <= 0.1 * by_examples):
@@ -148,7 +159,8 @@ class StatedScale:
 
 
 class StepClock:
-    def __init__(self, disagreements: Counter[str] | None = None) -> None:
+    def __init__(self, disagreements: Counter[str] | None = None,
+                 refused: Callable[[str, str, int], None] | None = None) -> None:
         self._redraws: deque[int] = deque(maxlen=_MAX_QUEUED)
         self._pending: deque[Record] = deque()
         self._cleared = False  # a clear was seen and its redraw has not come yet
@@ -169,6 +181,12 @@ class StepClock:
         self._exact_epoch_step: int | None = None  # the last step read exactly off an epoch (for the interval)
         self.disagreements: Counter[str] = Counter() if disagreements is None else disagreements  # by reason
         self.last_step = 0
+        # A description-less bar of another total drawn from 0 and left out, since the training bar last drew: a new
+        # training's bar, or an evaluation's (None: none, or the training bar drew since)
+        self._candidate: str | None = None
+        self._candidate_counted = False  # a training record took a fallback step while it was left out (counted)
+        self._candidate_before = False  # it began, and has drawn since, with no record waiting for a redraw
+        self.refused = refused  # told when that is counted (_refused_bar)
 
     def bar(self, n: int, total: str, description: str | None = None) -> list[Record]:
         """A bar draw (sink.bar of console/framing.py); the records it releases."""
@@ -176,7 +194,7 @@ class StepClock:
             return _NONE  # a loading or processing bar
         if total != self._total and not self._new_training_bar(n, total):
             return _NONE
-        self._bar, self._just_cleared = n, False
+        self._bar, self._just_cleared, self._candidate = n, False, None
         if self._guessed is not None:
             self._late_redraw(n)
         if self._cleared:
@@ -194,12 +212,39 @@ class StepClock:
 
     def _new_training_bar(self, n: int, total: str) -> bool:
         """A description-less bar of another total is the training bar when none was seen yet, or when it
-        starts once the last one ran to its end or gave no record a step (a new `trainer.train()`)."""
+        starts once the last one ran to its end or gave no record a step (a new `trainer.train()`). Before that, an
+        evaluation's bar looks the same; a new training's (the trainer died and was started again with another
+        max_steps) is told by the total the Trainer stated for it, or by a training record whose redraw it is."""
         last = self._total
-        if last is not None and (n != 0 or (self._bar_used and (self._bar or 0) < int(last))):
-            return False
-        self._total, self._bar_used = total, False
-        return True
+        if last is None or (n == 0 and (not self._bar_used or (self._bar or 0) >= int(last))):
+            self._total, self._bar_used, self.scale.total_steps = total, False, None
+            return True
+        if n == 0 and self.scale.total_steps is not None and total.isdigit() and int(total) == self.scale.total_steps:
+            # `Total optimization steps = N` since the training bar was taken, then a bar of N from 0: a new
+            # training. Records still waiting for the old bar's redraw will not get it: they take fallback steps.
+            self._cleared = False
+            self._restart(total)
+            return True
+        if total == self._candidate:
+            if self._candidate_before and self._cleared and not self._redraws and not self._block_buffered \
+                    and len(self._pending) == 1 and self._pending[0].kind is RecordKind.TRAIN:
+                # The bar drawn, tqdm.write's clear, a training record, then the bar's draw: the record's redraw, so
+                # the bar the trainer writes through (an evaluation's bar is gone before the records after it are
+                # printed). Only where each record is followed by its redraw at once (unbuffered): a bar that began
+                # while the record waited is drawn between it and its redraw, and block-buffered records come late.
+                self._restart(total)
+                return True
+            if self._pending:
+                self._candidate_before = False
+        else:
+            self._candidate, self._candidate_counted = (total if n == 0 else None), False
+            self._candidate_before = not self._pending
+        return False
+
+    def _restart(self, total: str) -> None:
+        """A new training's bar replaces one that had not ended: what was learnt of the last one's steps goes."""
+        self._total, self._bar_used, self.scale.total_steps = total, False, None
+        self._guessed, self._exact, self._interval = None, None, 0
 
     def clear(self) -> None:
         if self._bar is not None:  # no training bar was ever drawn: this is no tqdm clear
@@ -320,7 +365,7 @@ class StepClock:
             self._bar_used = True
             self._note_exact_run(out)
             self.sources["bar"] += len(out)
-        self._bar = last_count
+        self._bar, self._candidate = last_count, None
         self._cleared, self._just_cleared = True, False
         return out
 
@@ -426,7 +471,11 @@ class StepClock:
                 continue
             if rec.kind is not RecordKind.TRAIN:
                 rec.step = self.last_step  # eval and summary lines belong to the last training step
-            elif self._bar is not None and self._bar > self.last_step:
+                out.append(rec)
+                continue
+            if self._candidate is not None and not self._candidate_counted:
+                self._refused_bar()
+            if self._bar is not None and self._bar > self.last_step:
                 self._step(rec, self._bar)
                 self._bar_used = True
                 self.sources["bar_count"] += 1
@@ -437,6 +486,15 @@ class StepClock:
             self._guessed = out[-1]
         self._cleared = False
         return out
+
+    def _refused_bar(self) -> None:
+        """A training record takes a fallback step while a bar from 0 of another total was left out: if that is a new
+        training's bar (one whose total no `Total optimization steps` line stated), its steps are guesses. `refused`
+        is told the bar's total, the training bar's and the last step given before it."""
+        self._candidate_counted = True
+        self.disagreements["refused_bar"] += 1
+        if self.refused is not None:
+            self.refused(self._candidate or "", self._total or "", self.last_step)
 
     def _step(self, rec: Record, step: int) -> None:
         """A training record's fallback step: checked against its epoch."""

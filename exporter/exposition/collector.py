@@ -205,7 +205,12 @@ class ExporterCollector(Collector):
                                             "record's redraw came after the wait and showed another step); "
                                             "stale_redraw (a redraw that a line which is no record took, a message "
                                             "printed through tqdm.write, was left out, by its place after a clear or "
-                                            "by the next record's epoch). The step is kept.", labels=["run", "reason"])
+                                            "by the next record's epoch); refused_bar (a bar of another total, "
+                                            "drawn from 0 before the training bar ended, was left out as an "
+                                            "evaluation's while training records took fallback steps: a new "
+                                            "training's bar that no `Total optimization steps` line or record "
+                                            "redraw told apart; once per bar). The step is kept.",
+                                            labels=["run", "reason"])
         step_sources = CounterMetricFamily(p + "step_sources", "Console records without a step of their own, by "
                                            "where their step came from: bar (the training bar's redraw), bar_count "
                                            "(the bar's last count, when no redraw came), epoch (the record's epoch "
