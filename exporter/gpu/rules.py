@@ -104,10 +104,12 @@ def dcgm_recording_rules(dur: Dur, phase: PhaseConfig | None = None) -> list[dic
         {"record": LAST_BUSY_PHASE,
          # its own previous value carried through idle time, while the GPU has DCGM data
          "expr": f"{BUSY_PHASE}\nor ({LAST_BUSY_PHASE} and {util})\n"},
+        # 0 while idle; a busy GPU without a power series (a board or a dcgm-exporter profile without
+        # DCGM_FI_DEV_POWER_USAGE) has no phase, as the sidecar's NVML gives none: never "neither", nor a ratio of 0
         {"record": "posttrain_gpu_phase", "labels": {"phase": "training"},
-         "expr": f"({BUSY_PHASE} == bool 1)\nor ({util} * 0)\n"},
+         "expr": f"({BUSY_PHASE} == bool 1)\nor (({util} < {p.idle_utilization}) * 0)\n"},
         {"record": "posttrain_gpu_phase", "labels": {"phase": "generation"},
-         "expr": f"({BUSY_PHASE} == bool 0)\nor ({util} * 0)\n"},
+         "expr": f"({BUSY_PHASE} == bool 0)\nor (({util} < {p.idle_utilization}) * 0)\n"},
         {"record": "posttrain_gpu_phase", "labels": {"phase": "idle"},
          "expr": f"{util} < bool {p.idle_utilization}\n"},
         {"record": "posttrain_gpu_generation_time_ratio",
