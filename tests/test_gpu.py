@@ -1080,3 +1080,22 @@ def test_the_docs_field_table_is_the_tables_and_a_stale_one_fails_generate_check
     finally:
         DOC.write_text(text, encoding="utf-8")
     assert done.returncode == 1 and "docs/gpu.md" in done.stderr, done.stderr
+
+
+def test_a_mig_instance_is_an_assigned_gpu_that_gives_no_data_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """NVIDIA_VISIBLE_DEVICES naming a MIG instance: GPUs are assigned (expected, so the GPU-data alert can fire), none
+    is sampled (NVML gives an instance no utilisation or power), and the log says that once, naming it (it read as a
+    pod without GPUs: `expected` 0, no alert, and "NVIDIA_VISIBLE_DEVICES is empty/none")."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    mig = "MIG-4f2a6c1e-90b3-5d7e-8a21-3c5b7d9e1f20"
+    fake = FakeNvml(h100s(1))
+    s = make(fake, env={"NVIDIA_VISIBLE_DEVICES": mig})
+    for _ in range(3):
+        s.poll_once()
+    assert s.expected and not s.visibility.none
+    text = scrape(s)
+    assert value(text, "posttrain_gpu_expected") == 1
+    assert value(text, "posttrain_gpu_up") is None and not s.active()
+    said = [r.getMessage() for r in caplog.records if mig in r.getMessage()]
+    assert len(said) == 1 and "not sampled" in said[0] and "PostTrainGPUDataMissing" in said[0], said
+    assert not any("empty/none" in r.getMessage() for r in caplog.records)

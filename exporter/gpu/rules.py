@@ -45,7 +45,8 @@ POD_LABELS = (("pod_namespace", "namespace"), ("pod_name", "pod"),
 RUN_OF_EXPORTER = ("topk by (cluster, namespace, instance) (1,\n"
                    "  group by (cluster, namespace, instance, run) (posttrain_run_finished)\n)")
 # kube-state-metrics' series of a container's GPU request (the resource nvidia.com/gpu, sanitized)
-GPU_REQUESTS = 'kube_pod_container_resource_requests{resource="nvidia_com_gpu"}'
+# whole GPUs and MIG instances (`nvidia.com/mig-1g.10gb` is kube-state-metrics' `nvidia_com_mig_1g_10gb`)
+GPU_REQUESTS = 'kube_pod_container_resource_requests{resource=~"nvidia_com_gpu|nvidia_com_mig_.+"}'
 
 BUSY_POWER = "posttrain_gpu:dcgm_busy_power_watts"
 BUSY_PHASE = "posttrain_gpu:dcgm_busy_phase"  # 1 training, 0 generation; only while busy

@@ -16,10 +16,13 @@ log = logging.getLogger("exporter.gpu.sampler")
 class Visibility:
     source: str  # the variable it came from, or "default"
     entries: tuple[str, ...] | None  # indices or GPU-UUIDs (or prefixes); None: every GPU NVML lists
+    # MIG instances named (MIG-...): GPUs are assigned, but instances are not sampled, so they give no data (and the
+    # GPU-data alert says so) rather than reading as a pod without GPUs
+    mig: tuple[str, ...] = ()
 
     @property
     def none(self) -> bool:
-        return self.entries == ()
+        return self.entries == () and not self.mig
 
 
 def parse_visibility(source: str, value: str) -> Visibility:
@@ -29,14 +32,20 @@ def parse_visibility(source: str, value: str) -> Visibility:
     if v.lower() in ("", "none", "void"):
         return Visibility(source, ())
     entries: list[str] = []
+    mig: list[str] = []
     for item in (i.strip() for i in v.split(",")):
         if item.isdigit() or item.upper().startswith("GPU-"):
             entries.append(item)
         elif item.upper().startswith("MIG-"):
-            log.warning("%s: MIG device %s skipped (MIG instances are not sampled)", source, item)
+            mig.append(item)
         else:
             break  # as CUDA does: an invalid entry hides itself and every entry after it ("-1" = none)
-    return Visibility(source, tuple(entries))
+    if mig:
+        log.warning("%s: MIG instance%s %s not sampled (NVML gives a MIG instance no utilisation or power): the GPU "
+                    "board stays without %s, and PostTrainGPUDataMissing says so unless another source (dcgm) gives "
+                    "data or gpu.expected is false", source, "s" if len(mig) > 1 else "", ", ".join(mig),
+                    "them" if len(mig) > 1 else "it")
+    return Visibility(source, tuple(entries), tuple(mig))
 
 
 def visibility_from_env(env: Mapping[str, str]) -> Visibility:
