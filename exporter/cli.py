@@ -677,7 +677,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if status:
             log.warning("run: the trainer exited with status %d%s", status,
                         f" (killed by signal {status - 128})" if status > 128 else "")
-        if "exporter" in side:  # after its output was read: its verdict (crashed or not) for the linger's scrapes
+        # after its output was read: its verdict (crashed or not) for the linger's scrapes; a trainer ended by a
+        # signal we forwarded (the pod stopping) was stopped, not crashed
+        if "exporter" in side and not before_exit:
             side["exporter"].trainer_exited(side["run"], status)
         # keep serving for a last scrape; a signal that came since the trainer exited is ours (the pod stops): none
         if "listener" in side and args.linger and len(taken) == before_exit:

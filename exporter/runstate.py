@@ -129,20 +129,19 @@ class RunState:
 
     @property
     def crash(self) -> Failure | None:
-        """Why the run is judged crashed, or None. Where `run` saw the trainer exit, its status decides: non-zero is
-        a crash (with the log's last sign as the reason when there is one), 0 is none (a sign it printed was not
-        fatal). Else the log's last sign, unless a training record or the end summary came after it."""
-        if self.exit_status is not None:
-            if not self.exit_status:
-                return None
+        """Why the run is judged crashed, or None. Where `run` saw the trainer exit non-zero (a signal it forwarded
+        is no crash: the exit status is not taken then), that is a crash, with the log's last sign as the reason
+        when there is one. Else the log's last sign, unless a training record or the end summary came after it; a
+        sign after the end summary is none either (the training ended; an exit handler's or a thread's traceback).
+        Status 0 clears nothing: a wrapper script that swallows the trainer's status is common."""
+        failed = self.failure is not None and not self.finished and self._trainer_and_summary() <= self._failure_mark
+        if self.exit_status:
             said = f"the trainer exited with status {self.exit_status}" + (
                 f" (killed by signal {self.exit_status - 128})" if self.exit_status > 128 else "")
-            if self.failure is not None and self._trainer_and_summary() <= self._failure_mark:
-                said += f"; its output ended in: {self.failure.text}"
+            if failed:
+                said += f"; its output ended in: {self.failure.text}"  # type: ignore[union-attr]
             return Failure("exit_status", said)
-        if self.failure is None or self._trainer_and_summary() > self._failure_mark:
-            return None
-        return self.failure
+        return self.failure if failed else None
 
     def _trainer_and_summary(self) -> int:
         return self.trainer_records + self.records[RecordKind.SUMMARY]

@@ -128,9 +128,12 @@ def _exporter_alerts(s: RulesSettings) -> list[dict[str, Any]]:
                             "not finished: the trainer is hung, crashed or blocked while its pod still holds the "
                             "GPUs."}},
         {"alert": "PostTrainTrainerCrashed",
-         # 5 minutes: a traceback the trainer logs and survives is followed by its next record, which clears it. The
-         # value: time since its last record (a trainer that died before its first is the verdict's no_data)
-         "expr": "time() - posttrain_exporter_last_record_timestamp_seconds\nand posttrain_run_crashed == 1\n",
+         # A traceback the trainer logs and survives is followed by its next record, which clears it: so only once
+         # the run has been silent for twice its usual interval between records (a slow run logs minutes apart), and
+         # 5 minutes. The value: time since its last record (a trainer that died before its first is no_data)
+         "expr": "time() - posttrain_exporter_last_record_timestamp_seconds\nand posttrain_run_crashed == 1\n"
+                 "and (time() - posttrain_exporter_last_record_timestamp_seconds\n"
+                 "     > 2 * run:posttrain_record_interval_seconds:avg6h)\n",
          "for": _dur(300, s), "labels": {"severity": "critical"},
          "annotations": {
              "summary": "Trainer of run {{ $labels.run }} died.",

@@ -238,8 +238,16 @@ def nonfinite(ctx: BatchContext, v: StreamView) -> Evaluation:
     ends = np.arange(v.start + 1, len(v.values) + 1)
     recent = sums[ends] - sums[np.maximum(ends - of, 0)]  # nonfinite records among the last `of` (fewer at the start)
     new = v.new_values
+    fire = (new > 0) & (recent >= needed)
+    if "nonfinite_first" not in ctx.carry and fire.any():
+        # where the first failure began: the first step of the window that made it fire (the report's checkpoint to
+        # keep is before it; the episode's own start is the step it fired at)
+        at = v.start + int(np.argmax(fire))
+        lo = max(at - of + 1, 0)
+        first = lo + int(np.argmax(v.values[lo:at + 1] > 0))
+        ctx.carry["nonfinite_first"] = (int(v.steps[at]), int(v.steps[first]))
     # cleared once the last `of` records are all numbers: every other step failing keeps it active, not flapping
-    return Evaluation(v.new_steps, (new > 0) & (recent >= needed), new, np.zeros(len(new)), clear=recent == 0)
+    return Evaluation(v.new_steps, fire, new, np.zeros(len(new)), clear=recent == 0)
 
 
 def reward_peaked_and_fell(ctx: BatchContext, v: StreamView) -> Evaluation:

@@ -158,7 +158,11 @@ class DetectorSet:
                     steps[c.rows] = c.steps
                     if not c.all_finite:
                         bad[c.rows[~c.finite]] = 1.0
-            out[NONFINITE] = (steps[present], bad[present])
+            steps, bad = steps[present], bad[present]
+            if len(steps) > 1:  # one point per step: loss and KL logged in two records of one step are one step
+                first = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
+                steps, bad = steps[first], np.maximum.reduceat(bad, first)
+            out[NONFINITE] = (steps, bad)
         return out
 
     # --- a resumed run ----------------------------------------------------------------------------------

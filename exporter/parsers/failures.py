@@ -1,29 +1,38 @@
 """Signs in a console stream that the trainer died: a Python traceback, a C++ abort, a fatal Python error, a
-shell's `Killed`, a crash of the process, NCCL's watchdog giving up on a collective.
+shell's `Killed` or `Segmentation fault`, NCCL's watchdog giving up on a collective.
 
 A sign is only a candidate: a traceback that a trainer logs and survives (`logger.exception`, a retried download)
 is followed by more training records, and the run state drops a sign once one comes (runstate.py). A traceback
-right after `Exception ignored in: ...` (an object's finaliser at the interpreter's exit) is no sign at all.
+right after `Exception ignored in: ...` (an object's finaliser), `Error in atexit._run_exitfuncs:` or
+`Exception in thread ...:` is no sign at all: the interpreter prints it and goes on.
 
-Lines may carry the prefix of the process that printed them: Ray's `(WorkerDict pid=4242) ` (verl, OpenRLHF) and
-torchrun's `[rank1]: `."""
+Lines may carry the tags the record parsers know (parsers/prefix.py): Ray's `(WorkerDict pid=4242) ` (verl,
+OpenRLHF), torchrun's `[rank1]: ` and `[default0]:`, mpirun's, Slurm's `0: `, a collector's timestamp."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
+from exporter.parsers.prefix import BAR_TEXT, LINE_TAG
+
 MAX_TEXT = 300  # characters of the line that says what happened, kept for the verdict
 
 # Cheap first look (one search in C) before anything else: most lines hold none of these.
 _CUES = ("Traceback (most recent call last)", "terminate called after throwing", "Fatal Python error", "Killed",
-         "core dumped", "Watchdog caught collective operation timeout")
+         "Segmentation fault", "Aborted", "Bus error", "Watchdog caught collective operation timeout")
 _CUE = re.compile("|".join(map(re.escape, _CUES)))
-_PREFIX = re.compile(r"(?:\([\w.-]{1,64} pid=\d{1,10}(?:, ip=[\w.:]{1,64})?\) ?)?(?:\[rank\d{1,6}\]:? ?)?")
-# a shell's word for its child killed by SIGKILL (the OOM killer): alone, or bash's `./t.sh: line 3:  42 Killed  cmd`
-_KILLED = re.compile(r"Killed\s*$|\S{0,256}: line \d{1,9}: +\d{1,10} Killed\b")
-
-_CORE = re.compile(r"(?:Segmentation fault|Aborted|Bus error)\b.{0,40}core dumped")
+# The launchers' and collectors' tags the record parsers know (parsers/prefix.py), each after at most one space:
+# the spaces after them are the line's own (a frame's indentation).
+_PREFIX = re.compile(rf"(?:{BAR_TEXT})?+(?: ?+{LINE_TAG})*+")
+# What a shell prints for a child that a signal ended: alone (dash, a container's runtime), or bash's
+# `./t.sh: line 3:  42 Killed  python train.py`. Killed: SIGKILL, most often the kernel's OOM killer.
+_SIGNALS = r"(Killed|Segmentation fault|Aborted|Bus error)"
+_BARE_SIGNAL = re.compile(rf"{_SIGNALS}(?: \(core dumped\))?\s*$")
+_SHELL_SIGNAL = re.compile(rf"\S{{0,256}}: line \d{{1,9}}: +\d{{1,10}} +{_SIGNALS}\b")
+# A traceback after one of these lines is printed by the interpreter and goes on (a finaliser, an atexit
+# function, a thread other than the main one): no sign that training died.
+_NOT_FATAL = ("Exception ignored", "Error in atexit._run_exitfuncs", "Exception in thread")
 
 
 @dataclass
@@ -51,30 +60,32 @@ class FailureWatch:
     def line(self, text: str) -> Failure | None:
         tb = self._traceback
         if tb is None and _CUE.search(text) is None:
-            self._ignored = text.startswith("Exception ignored")
+            self._ignored = text.lstrip().startswith(_NOT_FATAL)
             return None
-        body = text[_PREFIX.match(text).end():]  # type: ignore[union-attr]  # the prefix is optional: always matches
+        rest = text[_PREFIX.match(text).end():]  # type: ignore[union-attr]  # the prefix is optional: always matches
+        body, indented = rest.strip(), rest.startswith(("  ", "\t"))
         if tb is not None:
-            if not body.strip() or body[:1] in " \t":
+            if not body or indented:
                 return None  # a frame, its source line, a caret line, a blank
             if body.startswith("Traceback (most recent call last)"):  # a traceback cut short: the next one counts
                 return self._begin(body)
-            tb.text = body.strip()[:MAX_TEXT]  # the exception: `torch.OutOfMemoryError: CUDA out of memory. ...`
+            tb.text = body[:MAX_TEXT]  # the exception: `torch.OutOfMemoryError: CUDA out of memory. ...`
             self._traceback = None
             return tb
-        ignored, self._ignored = self._ignored, body.startswith("Exception ignored")
+        ignored, self._ignored = self._ignored, body.startswith(_NOT_FATAL)
+        if indented:  # inside something printed (a message, a nested exception's report): no sign of its own
+            return None
         if body.startswith("Traceback (most recent call last)"):
             return None if ignored else self._begin(body)
         if body.startswith("terminate called after throwing"):
-            return Failure("abort", body.strip()[:MAX_TEXT])
+            return Failure("abort", body[:MAX_TEXT])
         if body.startswith("Fatal Python error"):
-            return Failure("fatal_error", body.strip()[:MAX_TEXT])
+            return Failure("fatal_error", body[:MAX_TEXT])
         if "Watchdog caught collective operation timeout" in body:
-            return Failure("nccl_timeout", body.strip()[:MAX_TEXT])
-        if _KILLED.match(body):
-            return Failure("killed", body.strip()[:MAX_TEXT])
-        if _CORE.match(body):
-            return Failure("crash", body.strip()[:MAX_TEXT])
+            return Failure("nccl_timeout", body[:MAX_TEXT])
+        m = _BARE_SIGNAL.match(body) or _SHELL_SIGNAL.match(body)
+        if m:
+            return Failure("killed" if m.group(1) == "Killed" else "crash", body[:MAX_TEXT])
         return None
 
     def _begin(self, body: str) -> Failure:

@@ -23,7 +23,11 @@ _RANK_TAG = r"\[[^\[\]\s]{1,64}+\](?:<std(?:out|err)>)?+:"
 _RAY_ACTOR = r"\((?:[\w.-]{1,128}+ )?+pid=\d{1,10}+(?:, ip=[\w.:]{1,64}+)?+\)"
 _TIMESTAMP = r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9}+)?+(?:Z|[+-]\d\d:?\d\d)?+"
 _TASK_LABEL = r"\d{1,6}+:"
-LINE_PREFIX = re.compile(rf"(?:{_BAR_TEXT})?+(?:\s++|{_RANK_TAG}|{_RAY_ACTOR}|{_TIMESTAMP}|{_TASK_LABEL})*+")
+# The tags a launcher or collector puts before a line, without the spaces between them (failures.py keeps those:
+# a traceback's frames are told from its exception line by their indentation).
+LINE_TAG = rf"(?:{_RANK_TAG}|{_RAY_ACTOR}|{_TIMESTAMP}|{_TASK_LABEL})"
+BAR_TEXT = _BAR_TEXT
+LINE_PREFIX = re.compile(rf"(?:{_BAR_TEXT})?+(?:\s++|{LINE_TAG})*+")
 
 # Ray folds lines that several workers print alike into one: `... [repeated 15x across cluster]`.
 _RAY_REPEATED = re.compile(r"\[repeated \d{1,10}+x across cluster\]\s*+")

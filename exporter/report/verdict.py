@@ -237,6 +237,8 @@ def _best(run: RunState, digest: RunDigest, found: list[Finding]) -> tuple[int |
     if step is None:
         return None, None, None
     poisoned = min((e.since for f in found if f.detector == _POISONS for e in f.episodes), default=None)
+    if poisoned is not None:
+        poisoned = _first_nonfinite(run, poisoned)
     if poisoned is not None and step >= poisoned:
         step, peak = _peak_before(run, digest, poisoned)
         if step is None:
@@ -248,6 +250,13 @@ def _best(run: RunState, digest: RunDigest, found: list[Finding]) -> tuple[int |
         i = int(np.searchsorted(steps, step, side="right")) - 1
         kl_at = float(values[i]) if i >= 0 else None
     return int(step), peak, kl_at
+
+
+def _first_nonfinite(run: RunState, since: int) -> int:
+    """The first step whose loss or KL was not a number in the window that made the detector fire at `since` (the
+    detector notes it, detectors/catalog.py `nonfinite`); `since` where it did not (a rebuilt history)."""
+    fired, first = run.detectors.carry.get("nonfinite_first", (None, since))
+    return int(first) if fired == since else since
 
 
 def _peak_before(run: RunState, digest: RunDigest, step: int) -> tuple[int | None, float | None]:
