@@ -303,3 +303,17 @@ def test_loss_and_kl_logged_in_two_records_of_one_step_are_one_step(tmp_path) ->
     assert not [f for f in v.findings if f.alert == "PostTrainNonFiniteLossOrKL"], v.findings
     v = _judge(tmp_path, log(lambda step: step >= 60), "diverged.jsonl")  # the second NaN step pages
     assert [f.first_step for f in v.findings if f.alert == "PostTrainNonFiniteLossOrKL"] == [61]
+
+
+def test_a_line_of_another_process_inside_a_traceback_is_not_its_reason() -> None:
+    watch = FailureWatch()
+    lines = OOM.splitlines()
+    lines.insert(3, "[2026-11-26 10:00:00] INFO saving checkpoint-60")  # another thread's line, unindented
+    lines.insert(5, "  4%|4         | 13/300 [00:01<00:36,  7.95it/s]")
+    got = [f for line in lines if (f := watch.line(line)) is not None]
+    assert got and got[-1].text.startswith("torch.OutOfMemoryError: CUDA out of memory."), got[-1].text
+    ray = FailureWatch()
+    for line in ["Traceback (most recent call last):", '  File "main_ppo.py", line 4, in <module>',
+                 "ray.exceptions.RayTaskError(OutOfMemoryError): ray::WorkerDict.actor_rollout_update_actor()"]:
+        failure = ray.line(line)
+    assert failure is not None and failure.text.startswith("ray.exceptions.RayTaskError(OutOfMemoryError):")

@@ -33,6 +33,10 @@ _SHELL_SIGNAL = re.compile(rf"\S{{0,256}}: line \d{{1,9}}: +\d{{1,10}} +{_SIGNAL
 # A traceback after one of these lines is printed by the interpreter and goes on (a finaliser, an atexit
 # function, a thread other than the main one): no sign that training died.
 _NOT_FATAL = ("Exception ignored", "Error in atexit._run_exitfuncs", "Exception in thread")
+# A traceback's last line: the exception's (dotted) class name, Ray's `RayTaskError(OutOfMemoryError)` included,
+# then its message. Another process's line printed in between (a logging header, a bar) is passed over.
+_EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]{0,200}+(?:\([\w.]{0,200}+\))?+(?::|$)")
+_MAX_PASSED = 64  # foreign lines passed over inside a traceback before it is left as cut short
 
 
 @dataclass
@@ -55,6 +59,7 @@ class FailureWatch:
 
     def __init__(self) -> None:
         self._traceback: Failure | None = None  # inside a traceback: its frames until the exception line
+        self._passed = 0  # lines inside it that are neither a frame nor its exception line
         self._ignored = False  # the last line began `Exception ignored in`
 
     def line(self, text: str) -> Failure | None:
@@ -69,6 +74,11 @@ class FailureWatch:
                 return None  # a frame, its source line, a caret line, a blank
             if body.startswith("Traceback (most recent call last)"):  # a traceback cut short: the next one counts
                 return self._begin(body)
+            if not _EXCEPTION_LINE.match(body):  # another process's line, printed in the middle of it
+                self._passed += 1
+                if self._passed > _MAX_PASSED:
+                    self._traceback = None
+                return None
             tb.text = body[:MAX_TEXT]  # the exception: `torch.OutOfMemoryError: CUDA out of memory. ...`
             self._traceback = None
             return tb
@@ -89,5 +99,6 @@ class FailureWatch:
         return None
 
     def _begin(self, body: str) -> Failure:
+        self._passed = 0
         self._traceback = Failure("traceback", body.strip()[:MAX_TEXT])
         return self._traceback
