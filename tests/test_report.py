@@ -469,3 +469,25 @@ def test_chart_labels_in_a_browser_neither_overlap_nor_leave_the_chart(long_verd
     subprocess.run([*flags, f"--screenshot={shot}", shot_page.as_uri()], capture_output=True, timeout=120)
     width, _, pixels = _png_pixels(shot)
     assert width == 1200 and len(set(pixels[::97])) > 20, "the page did not render"
+
+
+def test_a_sampling_run_whose_reward_key_is_not_read_says_it_was_not_judged(tmp_path: Path) -> None:
+    """A GRPO run whose trainer logs its reward under a key of its own: the reward detectors judged nothing, and
+    `healthy` alone would read as a healthy reward. The report says so, and an alias makes it judged."""
+    from conftest import TRL
+    text = (TRL / "grpo" / "combined.log").read_text(encoding="utf-8")
+    assert text.count("'reward': ") == 150
+    log = tmp_path / "own_key.log"
+    log.write_text(text.replace("'reward': ", "'my_reward': "), encoding="utf-8")
+    res = run_cli("report", "--output.format", "json", str(log))
+    run = json.loads(res.stdout)["runs"][0]
+    assert run["unjudged"] == ["reward"] and run["best_step"] is None, run["unjudged"]
+    assert "not judged: reward" in run_cli("report", str(log)).stdout.decode()
+    assert "Not judged:</b> reward" in run_cli("report", "--output.format", "html", str(log)).stdout.decode()
+    config = tmp_path / "c.yml"
+    config.write_text("aliases: {my_reward: reward}\n", encoding="utf-8")
+    aliased = json.loads(run_cli("report", "--config", str(config), "--output.format", "json", str(log)).stdout)
+    assert aliased["runs"][0]["unjudged"] == [] and aliased["runs"][0]["best_step"] is not None
+    for name in ("grpo", "sft", "dpo"):  # the trainers' own keys: nothing left unjudged
+        out = json.loads(run_cli("report", "--output.format", "json", str(TRL / name / "combined.log")).stdout)
+        assert out["runs"][0]["unjudged"] == [], name

@@ -209,6 +209,9 @@ def _run_section(v: RunVerdict) -> str:
            f'({"finished" if v.finished else "ended" if v.crash is not None else "still running"}).']
     if v.crash is not None:
         out.append(f" <b>The trainer died after it:</b> <code>{_esc(v.crash.text)}</code>.")
+    if v.unjudged:
+        out.append(f" <b>Not judged:</b> {_esc(', '.join(v.unjudged))} (it samples completions but logged no key "
+                   "read as such: map the trainer's own key with a config <code>aliases:</code> entry).")
     if v.best_step is not None:
         out.append(f' Best step <b>{v.best_step}</b> (smoothed reward {_fmt(v.best_reward)}, KL '
                    f'{_fmt(v.kl_at_best)}): the checkpoint to keep (green line in the charts).')

@@ -83,6 +83,10 @@ def _summary_lines(v: RunVerdict) -> list[str]:
             out.append(f"    and {len(v.findings) - SUMMARY_FINDINGS} more (below)")
     else:
         out.append("  summary: no detector fired")
+    if v.unjudged:
+        out.append(f"  not judged: {', '.join(v.unjudged)} (it samples completions but logged no key read as "
+                   "such; its keys are in posttrain_metric: map the trainer's one with a config `aliases:` entry, "
+                   "e.g. {my/reward_mean: reward})")
     if v.best_step is not None:
         out.append(f"  best step {v.best_step}: smoothed reward {_num(v.best_reward)}, KL {_num(v.kl_at_best)}"
                    " (the checkpoint to keep)")
@@ -124,7 +128,7 @@ def to_json(verdicts: list[RunVerdict]) -> str:
             "run": v.run, "verdict": v.verdict, "step": v.last_step, "best_step": v.best_step,
             "best_reward": _clean(v.best_reward), "kl_at_best_step": _clean(v.kl_at_best), "last_step": v.last_step,
             "finished": v.finished, "worst": v.worst(), "read": v.read.as_json() if v.read is not None else None,
-            "crash": v.crash.as_json() if v.crash is not None else None,
+            "crash": v.crash.as_json() if v.crash is not None else None, "unjudged": v.unjudged,
             "findings": [{"alert": f.alert, "severity": f.severity, "first_step": f.first_step,
                           "last_step": f.last_step, "detector": f.detector, "instrument": f.instrument,
                           "component": f.component, "summary": f.summary, "runbook_url": f.runbook_url,

@@ -95,6 +95,19 @@ def verdict_of(run: RunState, found: list[Finding], now: float | None = None) ->
     return HEALTHY
 
 
+# Instruments only a run that samples and scores completions logs (GRPO, PPO, RLOO): such a run without a reward
+# instrument has the reward-based detectors silent for want of input, not because its reward is fine.
+_SAMPLING = frozenset({"completion_length", "completion_truncated", "clip_ratio", "clip_fraction", "reward_component",
+                       "reward_zero_std", "generation_time", "value_loss", "completion_diversity"})
+
+
+def unjudged(run: RunState) -> list[str]:
+    """Instruments the run's kind logs that it did not log, so their detectors judged nothing: a reward under a key
+    of its own (say `config aliases: {my/reward: reward}`) reads as a healthy reward otherwise."""
+    logged = {inst for inst, _ in run.series}
+    return ["reward"] if "reward" not in logged and logged & _SAMPLING else []
+
+
 def hints(read: ReadSummary, crash: Failure | None = None) -> list[str]:
     """What to try when a run has no training record, from what was read (and how the trainer died, if it did)."""
     if crash is not None:
@@ -171,6 +184,7 @@ class RunVerdict:
     verdict: str = HEALTHY  # verdict_of: no_data, crashed, unhealthy, stale or healthy
     read: ReadSummary | None = None
     crash: Failure | None = None  # how the trainer died (RunState.crash), whatever the verdict
+    unjudged: list[str] = field(default_factory=list)  # instruments its kind logs that it did not (unjudged())
 
     def worst(self) -> str | None:
         sev = {f.severity for f in self.findings}
@@ -188,7 +202,8 @@ def judge(run: RunState, runbook_base: str = RUNBOOK_BASE, stats: IngestStats | 
     return RunVerdict(run.name, step_of(run), run.finished, found, best_step, best_reward, kl_at_best,
                       _regimes(run, digest), _instruments(run, digest),
                       {k: d.chart() for k, d in digest.series.items() if d.count},
-                      _limits(run), verdict=verdict_of(run, found), read=read_summary(run, stats), crash=run.crash)
+                      _limits(run), verdict=verdict_of(run, found), read=read_summary(run, stats), crash=run.crash,
+                      unjudged=unjudged(run))
 
 
 def step_of(run: RunState) -> int | None:
