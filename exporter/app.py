@@ -150,7 +150,7 @@ class Exporter:
         with self.lock:
             state = self.runs.get(run)
             if state is not None:
-                state.exited(status)
+                state.exit_status = status
 
     def verdict(self, only: str | None = None) -> dict:
         """The runs' verdicts as they stand (/api/v1/verdict)."""

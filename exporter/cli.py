@@ -625,6 +625,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """The trainer first: it starts before anything of the exporter, which comes up beside it (a bad config, a
     taken port, an exporter bug are logged and retried while the trainer's output passes through unchanged); the
     exit status is the trainer's."""
+    from exporter.parsers.failures import exit_text
     from exporter.sources.child import FORWARDED_SIGNALS, SIGNAL_CHECK_SECONDS, ChildOutput
     if args.linger < 0:
         raise UsageError("--linger must be 0 or more seconds")
@@ -675,8 +676,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         side["setup_done"].wait(grace)
         exporter_side.join(grace)
         if status:
-            log.warning("run: the trainer exited with status %d%s", status,
-                        f" (killed by signal {status - 128})" if status > 128 else "")
+            log.warning("run: %s", exit_text(status))
         # after its output was read: its verdict (crashed or not) for the linger's scrapes; a trainer ended by a
         # signal we forwarded (the pod stopping) was stopped, not crashed
         if "exporter" in side and not before_exit:

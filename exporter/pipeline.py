@@ -425,9 +425,9 @@ class ConsoleStream:
         happened."""
         self.run.failed(failure, self.clock.waiting_records() + (not self.postfixes.idle))
         if failure.said and self.stats.first_time("failure"):
-            log.warning("run %s: the trainer's output shows a failure (%s) after step %d: %.200s; the run is judged "
-                        "crashed unless training records follow", self.run.name, failure.kind, self.run.step,
-                        failure.text)
+            where = f"after step {self.run.step}" if self.run.step >= 0 else "before its first step"
+            log.warning("run %s: the trainer's output shows a failure (%s) %s: %.200s; the run is judged crashed "
+                        "unless training records follow", self.run.name, failure.kind, where, failure.text)
 
     def _refused_bar(self, total: str, training_total: str, count: int) -> None:
         self.stats.warn_once(self.run.name, ("refused_bar",), "training records take fallback steps after step %d "

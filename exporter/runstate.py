@@ -21,7 +21,7 @@ from exporter.instruments.derived import DerivedState
 from exporter.instruments.keymap import INSTRUMENTS, KeyMap
 from exporter.instruments.series import Series
 from exporter.instruments.settings import DerivedSettings
-from exporter.parsers.failures import Failure
+from exporter.parsers.failures import Failure, exit_text
 from exporter.parsers.record import Record, RecordKind
 from exporter.parsers.training import Training, TrainingStart
 from exporter.parsers.values import MAX_STEP
@@ -124,9 +124,6 @@ class RunState:
             self.last_record_time = t
             self.first_record_time = min(self.first_record_time, t)
 
-    def exited(self, status: int) -> None:
-        self.exit_status = status
-
     @property
     def crash(self) -> Failure | None:
         """Why the run is judged crashed, or None. Where `run` saw the trainer exit non-zero (a signal it forwarded
@@ -136,8 +133,7 @@ class RunState:
         Status 0 clears nothing: a wrapper script that swallows the trainer's status is common."""
         failed = self.failure is not None and not self.finished and self._trainer_and_summary() <= self._failure_mark
         if self.exit_status:
-            said = f"the trainer exited with status {self.exit_status}" + (
-                f" (killed by signal {self.exit_status - 128})" if self.exit_status > 128 else "")
+            said = exit_text(self.exit_status)
             if failed:
                 said += f"; its output ended in: {self.failure.text}"  # type: ignore[union-attr]
             return Failure("exit_status", said)

@@ -18,9 +18,12 @@ from exporter.parsers.prefix import BAR_TEXT, LINE_TAG
 
 MAX_TEXT = 300  # characters of the line that says what happened, kept for the verdict
 
-# Cheap first look (one search in C) before anything else: most lines hold none of these.
+# A traceback after one of these lines is printed by the interpreter and goes on (a finaliser, an atexit
+# function, a thread other than the main one): no sign that training died.
+_NOT_FATAL = ("Exception ignored", "Error in atexit._run_exitfuncs", "Exception in thread")
+# Cheap first look (one search in C) before anything else: most lines hold none of these (nor the lines above).
 _CUES = ("Traceback (most recent call last)", "terminate called after throwing", "Fatal Python error", "Killed",
-         "Segmentation fault", "Aborted", "Bus error", "Watchdog caught collective operation timeout")
+         "Segmentation fault", "Aborted", "Bus error", "Watchdog caught collective operation timeout", *_NOT_FATAL)
 _CUE = re.compile("|".join(map(re.escape, _CUES)))
 # The launchers' and collectors' tags the record parsers know (parsers/prefix.py), each after at most one space:
 # the spaces after them are the line's own (a frame's indentation).
@@ -30,13 +33,15 @@ _PREFIX = re.compile(rf"(?:{BAR_TEXT})?+(?: ?+{LINE_TAG})*+")
 _SIGNALS = r"(Killed|Segmentation fault|Aborted|Bus error)"
 _BARE_SIGNAL = re.compile(rf"{_SIGNALS}(?: \(core dumped\))?\s*$")
 _SHELL_SIGNAL = re.compile(rf"\S{{0,256}}: line \d{{1,9}}: +\d{{1,10}} +{_SIGNALS}\b")
-# A traceback after one of these lines is printed by the interpreter and goes on (a finaliser, an atexit
-# function, a thread other than the main one): no sign that training died.
-_NOT_FATAL = ("Exception ignored", "Error in atexit._run_exitfuncs", "Exception in thread")
 # A traceback's last line: the exception's (dotted) class name, Ray's `RayTaskError(OutOfMemoryError)` included,
 # then its message. Another process's line printed in between (a logging header, a bar) is passed over.
 _EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]{0,200}+(?:\([\w.]{0,200}+\))?+(?::|$)")
 _MAX_PASSED = 64  # foreign lines passed over inside a traceback before it is left as cut short
+
+
+def exit_text(status: int) -> str:
+    """A trainer's exit status as a shell gives it (128 + N: ended by signal N), in words."""
+    return f"the trainer exited with status {status}" + (f" (killed by signal {status - 128})" if status > 128 else "")
 
 
 @dataclass
@@ -60,12 +65,12 @@ class FailureWatch:
     def __init__(self) -> None:
         self._traceback: Failure | None = None  # inside a traceback: its frames until the exception line
         self._passed = 0  # lines inside it that are neither a frame nor its exception line
-        self._ignored = False  # the last line began `Exception ignored in`
+        self._ignored = False  # the last line began one of _NOT_FATAL
 
     def line(self, text: str) -> Failure | None:
         tb = self._traceback
         if tb is None and _CUE.search(text) is None:
-            self._ignored = text.lstrip().startswith(_NOT_FATAL)
+            self._ignored = False  # a line in between: whatever came before it no longer excuses what follows
             return None
         rest = text[_PREFIX.match(text).end():]  # type: ignore[union-attr]  # the prefix is optional: always matches
         body, indented = rest.strip(), rest.startswith(("  ", "\t"))

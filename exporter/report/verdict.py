@@ -22,7 +22,7 @@ import numpy as np
 from exporter.detectors.catalog import Detector, SeriesKey
 from exporter.instruments.derived import REGIME_OF
 from exporter.instruments.keymap import INSTRUMENTS
-from exporter.instruments.window import window_stats
+from exporter.instruments.window import rolling_mean, window_stats
 from exporter.parsers.failures import Failure
 from exporter.report.digest import RunDigest
 from exporter.runbooks import RUNBOOK_BASE
@@ -284,11 +284,12 @@ def _peak_before(run: RunState, digest: RunDigest, step: int) -> tuple[int | Non
     keep = (steps < step) & np.isfinite(values)
     steps, values = steps[keep], values[keep]
     k = run.settings.window_for("reward").min_points
-    if len(values) < k:
+    smoothed, counts = rolling_mean(values, 0, k)  # the live peak's smoothing (instruments/derived.py)
+    full = np.flatnonzero(counts == k)
+    if not len(full):
         return None, None
-    smoothed = np.convolve(values, np.ones(k) / k, mode="valid")  # smoothed[i] ends at values[i + k - 1]
-    best = int(np.argmax(smoothed))
-    return int(steps[best + k - 1]), float(smoothed[best])
+    best = int(full[np.argmax(smoothed[full])])
+    return int(steps[best]), float(smoothed[best])
 
 
 def _direction(t: float, trend_t: float) -> int:
