@@ -12,6 +12,7 @@ from exporter.console.postfix import PostfixReader
 from exporter.console.steps import StepClock
 from exporter.parsers import fastpath
 from exporter.parsers.chain import LineParserChain
+from exporter.parsers.checkpoints import checkpoint_event
 from exporter.parsers.failures import Failure, FailureWatch
 from exporter.parsers.record import ParseError, Record
 from exporter.runstate import RunState
@@ -271,6 +272,7 @@ class ConsoleStream:
                 failure = self.failures.line(text)
                 if failure is not None:
                     self._failed(failure)
+                self._saved(text)
             return
         if rec.step is not None and self.samples.waiting:
             self._take_samples(self.samples.close(rec.step))
@@ -332,6 +334,7 @@ class ConsoleStream:
                         run.ingest_many(stepped)
                         stepped = []
                         self._failed(failure)
+                    self._saved(text)
                 continue
             if rec.step is not None and self.samples.waiting:
                 run.ingest_many(stepped)
@@ -418,6 +421,11 @@ class ConsoleStream:
             rec = rec.subset(keep)
         if rec.shape or rec.skipped:
             self._ingest(self.clock.record(rec))
+
+    def _saved(self, text: str) -> None:
+        event = checkpoint_event(text)
+        if event is not None:
+            self.run.saved(event)
 
     def _failed(self, failure: Failure) -> None:
         """A sign that the trainer died: the run told, with the trainer's records read before it that still wait

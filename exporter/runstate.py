@@ -21,6 +21,8 @@ from exporter.instruments.derived import DerivedState
 from exporter.instruments.keymap import INSTRUMENTS, KeyMap
 from exporter.instruments.series import Series
 from exporter.instruments.settings import DerivedSettings
+from exporter.instruments.trajectory import KEPT_INSTRUMENTS, Trajectory
+from exporter.parsers.checkpoints import CheckpointEvent, SavedCheckpoints
 from exporter.parsers.failures import Failure, exit_text
 from exporter.parsers.record import Record, RecordKind
 from exporter.parsers.training import Training, TrainingStart
@@ -69,6 +71,8 @@ class RunState:
     limits: RunLimits = field(default_factory=RunLimits)
     settings: DerivedSettings = field(default_factory=DerivedSettings)
     series: dict[SeriesKey, Series] = field(default_factory=dict)
+    # the whole course of the series the judgment reads, bucketed once long (instruments/trajectory.py)
+    trajectories: dict[SeriesKey, Trajectory] = field(default_factory=dict)
     passthrough: dict[str, float] = field(default_factory=dict)
     step: int = -1  # last training step
     finished: bool = False
@@ -90,6 +94,8 @@ class RunState:
     failure: Failure | None = None
     _failure_mark: int = field(init=False, default=0, repr=False)
     exit_status: int | None = None  # `run`: the trainer's exit status, as a shell gives it, once it exited
+    # the checkpoints its output says were saved and deleted (parsers/checkpoints.py): the one to keep must exist
+    checkpoints: SavedCheckpoints = field(default_factory=SavedCheckpoints.empty)
     derived: DerivedState = field(init=False)
     detectors: DetectorSet = field(init=False)
     _plans: dict[Shape, ShapePlan] = field(init=False, default_factory=dict)
@@ -115,6 +121,9 @@ class RunState:
         sign, waiting for their step)."""
         self.failure = failure
         self._failure_mark = self._trainer_and_summary() + on_their_way
+
+    def saved(self, event: CheckpointEvent) -> None:
+        self.checkpoints.take(event)
 
     def written_by(self, t: float) -> None:
         """The records read so far were written by `t` (their file's modification time): the last one is no younger,
@@ -259,7 +268,8 @@ class RunState:
         if training.step == 0 and (self.step >= 0 or self._pending or self.series or self.passthrough):
             self.resets += 1
             self._pending = []
-            self.series, self.passthrough = {}, {}
+            self.series, self.passthrough, self.trajectories = {}, {}, {}
+            self.checkpoints = SavedCheckpoints.empty()
             self._new_judgment()
             self._plans, self._admitted = {}, set()
             self.step = -1
@@ -314,6 +324,11 @@ class RunState:
             if s is None:
                 s = series[sk] = Series(self.limits.history_limit)
             s.extend(col)
+            if sk[0] in KEPT_INSTRUMENTS:
+                t = self.trajectories.get(sk)
+                if t is None:
+                    t = self.trajectories[sk] = Trajectory()
+                t.extend(col.finite_steps(), col.finite_values())
             if not col.all_finite:
                 self.nonfinite[sk] += len(col.values) - int(np.count_nonzero(col.finite))
         self.derived.on_batch(cols, len(batch))
@@ -442,6 +457,8 @@ class RunState:
         self.resets += 1
         for s in self.series.values():
             s.cut_back(step)
+        for t in self.trajectories.values():
+            t.cut_back(step)
         self.derived.rebuild(self.series)
         self.detectors.rebuild(self.series, step)
         for w in self.watchers:

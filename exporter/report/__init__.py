@@ -3,4 +3,5 @@
 # The report command's choices, here so that the command line's options import none of the report's modules (nor the
 # YAML and rules they use): every other command starts without them.
 FORMATS = ("text", "json", "html")
-FAIL_ON = ("critical", "warning")
+# --fail-on levels, loosest first: pages only; pages and a run that is not learning its task; any finding.
+FAIL_ON = ("critical", "not_learning", "warning")

@@ -3,7 +3,8 @@
 The exit code can carry the verdict (--fail-on), so a training pipeline's CI can stop on a bad run: 1 when a run has
 a finding at or above the level, else 4 when a run's trainer died (verdict crashed, whatever the level), else 3 when
 a run has no training record at all (whatever the level: a gate pointed at the wrong file, or at a trainer that logs
-elsewhere, must not pass), else 0."""
+elsewhere, must not pass), else 5 when a run is not learning its task (verdict not_learning) at --fail-on
+not_learning or warning, else 0."""
 
 from __future__ import annotations
 
@@ -20,12 +21,13 @@ from exporter.report.html import to_html
 from exporter.report.progress import ReadProgress
 from exporter.report.samples import sample_views
 from exporter.report.text import to_json, to_text
-from exporter.report.verdict import CRASHED, NO_DATA, RunVerdict, judge
+from exporter.report.verdict import CRASHED, NO_DATA, NOT_LEARNING, RunVerdict, judge
 from exporter.runbooks import RUNBOOK_BASE
 
 EXIT_FAILED = 1  # a finding at or above --fail-on
 EXIT_NO_DATA = 3  # with --fail-on: a run without a training record (2 is the command line's own usage error)
 EXIT_CRASHED = 4  # with --fail-on: a run whose trainer died
+EXIT_NOT_LEARNING = 5  # with --fail-on not_learning or warning: a run that is not learning its task
 
 
 def verdicts(cfg: Config, specs: list[LogSpec], runbook_base: str = RUNBOOK_BASE) -> list[RunVerdict]:
@@ -56,10 +58,11 @@ def render(found: list[RunVerdict], fmt: str) -> str:
 
 
 def failed(found: list[RunVerdict], fail_on: str | None) -> bool:
-    """Whether a finding at or above `fail_on` exists (critical: pages only; warning: pages or warnings)."""
+    """Whether a finding at or above `fail_on` exists (critical, not_learning: pages only; warning: pages or
+    warnings)."""
     if fail_on is None:
         return False
-    levels = {"critical"} if fail_on == "critical" else {"critical", "warning"}
+    levels = {"critical", "warning"} if fail_on == "warning" else {"critical"}
     return any(f.severity in levels for v in found for f in v.findings)
 
 
@@ -71,7 +74,9 @@ def exit_code(found: list[RunVerdict], fail_on: str | None) -> int:
         return EXIT_FAILED
     if any(v.verdict == CRASHED for v in found):
         return EXIT_CRASHED
-    return EXIT_NO_DATA if any(v.verdict == NO_DATA for v in found) else 0
+    if any(v.verdict == NO_DATA for v in found):
+        return EXIT_NO_DATA
+    return EXIT_NOT_LEARNING if fail_on != "critical" and any(v.verdict == NOT_LEARNING for v in found) else 0
 
 
 def run_report(cfg: Config, specs: list[LogSpec], fmt: str, out: Path | None, fail_on: str | None,

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from exporter.config import STOP_SEVERITIES, EarlyStopSettings
-from exporter.report.verdict import findings, read_summary, step_of, summary_of, verdict_of
+from exporter.judgment.judge import judge_run
+from exporter.report.verdict import findings, read_summary, step_of, summary_of, unjudged, verdict_of
 from exporter.runstate import RunState
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ def run_document(run: RunState, settings: EarlyStopSettings, stats: IngestStats 
     """One run's verdict as /api/v1/verdict gives it: the fields of `posttrain-exporter report --format json` that
     a run has while it runs (run, verdict, step, finished, worst, read, crash), and its active findings."""
     found = findings(run)
+    judged = judge_run(run, found, unjudged(run), run.crash)  # as `report` judges it (one function)
     active = active_findings(run)
     severities = {f.severity for f in found}
     firing = {(f.alert, f.component) for f in active}
@@ -69,7 +71,8 @@ def run_document(run: RunState, settings: EarlyStopSettings, stats: IngestStats 
         "step": step_of(run),
         "finished": run.finished,
         # as `posttrain-exporter report` says it, and `stale` once the run has gone quiet for longer than its pace
-        "verdict": verdict_of(run, found, time.time() if now is None else now),
+        "verdict": verdict_of(run, found, time.time() if now is None else now, judged),
+        "judgment": judged.as_json(),  # what to do next, as `report` says it
         "read": read_summary(run, stats).as_json(),
         "crash": crash.as_json() if (crash := run.crash) is not None else None,  # how the trainer died, if it did
         "worst": next((s for s in STOP_SEVERITIES if s in severities), None),

@@ -29,6 +29,7 @@ def to_text(verdicts: list[RunVerdict]) -> str:
         out.append(f"run {v.run}: {v.verdict.upper()} (last step {v.last_step}, {state})")
         if v.crash is not None:
             out.append(f"  crashed after step {v.last_step}: {v.crash.text}")
+        out.extend(judgment_lines(v))
         out.extend(_summary_lines(v))
         if v.findings:
             out.append("  findings:")
@@ -45,6 +46,28 @@ def to_text(verdicts: list[RunVerdict]) -> str:
                            f"{_num(r.last):>10s}  {arrow}")
         out.append("")
     return "\n".join(out)
+
+
+JUDGMENT_TITLES = {"trajectory": "course", "kl_reward": "KL and reward", "signal": "learning signal",
+                   "loss": "loss", "writing": "what it writes"}
+
+
+def judgment_lines(v: RunVerdict) -> list[str]:
+    """The judgment, first: what an experienced engineer would say, what to do, then how each aspect reads and the
+    story in order of onset."""
+    j = v.judgment
+    if j is None or j.recommendation == "not_judged":
+        return []
+    out = [f"  {j.headline}", f"  what to do: {j.action}"]
+    out += [f"  {JUDGMENT_TITLES.get(k, k)}: {text}" for k, text in j.aspects.items()]
+    first = j.first_sign
+    if j.story:
+        out.append("  story:" + (f" (first sign at step {first.step})" if first else ""))
+        out += [f"    step {e.step:>6}  [{e.kind}] {e.text}" for e in j.story]
+    if j.notes:
+        out.append("  notes (passed without an alert):")
+        out += [f"    step {e.step:>6}  {e.text}" for e in j.notes]
+    return out
 
 
 def _no_data(v: RunVerdict) -> list[str]:
@@ -89,7 +112,7 @@ def _summary_lines(v: RunVerdict) -> list[str]:
                    "e.g. {my/reward_mean: reward})")
     if v.best_step is not None:
         out.append(f"  best step {v.best_step}: smoothed reward {_num(v.best_reward)}, KL {_num(v.kl_at_best)}"
-                   " (the checkpoint to keep)")
+                   " (the reward's smoothed peak; the checkpoint to keep is in the judgment above)")
     if v.regimes:
         out.append("  regime (share of the judged steps): "
                    + ", ".join(f"{name} {_share(share)}" for name, share in regime_shares(v.regimes)))
@@ -129,6 +152,7 @@ def to_json(verdicts: list[RunVerdict]) -> str:
             "best_reward": _clean(v.best_reward), "kl_at_best_step": _clean(v.kl_at_best), "last_step": v.last_step,
             "finished": v.finished, "worst": v.worst(), "read": v.read.as_json() if v.read is not None else None,
             "crash": v.crash.as_json() if v.crash is not None else None, "unjudged": v.unjudged,
+            "judgment": v.judgment.as_json() if v.judgment is not None else None,
             "findings": [{"alert": f.alert, "severity": f.severity, "first_step": f.first_step,
                           "last_step": f.last_step, "detector": f.detector, "instrument": f.instrument,
                           "component": f.component, "summary": f.summary, "runbook_url": f.runbook_url,

@@ -23,6 +23,7 @@ from exporter.detectors.catalog import Detector, SeriesKey
 from exporter.instruments.derived import REGIME_OF
 from exporter.instruments.keymap import INSTRUMENTS
 from exporter.instruments.window import rolling_mean, window_stats
+from exporter.judgment.judge import Judgment, judge_run
 from exporter.parsers.failures import Failure
 from exporter.report.digest import RunDigest
 from exporter.runbooks import RUNBOOK_BASE
@@ -34,8 +35,11 @@ if TYPE_CHECKING:
     from exporter.report.samples import SampleView
 
 TREND_POINTS = 50  # the window of the derived trends (windows.size)
-# The verdicts, worst first where a run could be judged at all.
-NO_DATA, CRASHED, UNHEALTHY, STALE, HEALTHY = "no_data", "crashed", "unhealthy", "stale", "healthy"
+# The verdicts, worst first where a run could be judged at all. not_learning: no page, and the judgment finds the
+# task is not being learnt (the progress measure never rose beyond its noise, or it rose only through reward
+# components near their ceiling from the start while another never fired): a run that looks fine and teaches nothing.
+NO_DATA, CRASHED, UNHEALTHY, NOT_LEARNING, STALE, HEALTHY = (
+    "no_data", "crashed", "unhealthy", "not_learning", "stale", "healthy")
 # A live run is stale once it has logged nothing for longer than thresholds.stall_seconds and this many times its
 # mean interval between records (the PostTrainTrainerStalled alert's condition, rules.py).
 STALL_INTERVALS = 5
@@ -81,13 +85,19 @@ def stale(run: RunState, now: float) -> bool:
     return age > run.settings.thresholds.stall_seconds and age > STALL_INTERVALS * interval
 
 
-def verdict_of(run: RunState, found: list[Finding], now: float | None = None) -> str:
+def verdict_of(run: RunState, found: list[Finding], now: float | None = None,
+               judgment: Judgment | None = None) -> str:
     """no_data without a training record; else crashed when the trainer died (RunState.crash); else unhealthy with
-    a finding; else stale when judged live (`now`) and the run has gone quiet; else healthy."""
+    a page; else not_learning when the judgment says the task is not being learnt; else unhealthy with a warning;
+    else stale when judged live (`now`) and the run has gone quiet; else healthy."""
     if not run.trainer_records:
         return NO_DATA
     if run.crash is not None:
         return CRASHED
+    if any(f.severity == "critical" for f in found):
+        return UNHEALTHY
+    if judgment is not None and judgment.learning is False:
+        return NOT_LEARNING
     if found:
         return UNHEALTHY
     if now is not None and stale(run, now):
@@ -153,6 +163,11 @@ class Finding:
     meaning: str
     runbook_url: str
 
+    @property
+    def onset(self) -> int:
+        """The step its condition first began to hold (the story dates a finding by it)."""
+        return min(e.since for e in self.episodes)
+
 
 @dataclass(frozen=True)
 class InstrumentRow:
@@ -185,6 +200,7 @@ class RunVerdict:
     read: ReadSummary | None = None
     crash: Failure | None = None  # how the trainer died (RunState.crash), whatever the verdict
     unjudged: list[str] = field(default_factory=list)  # instruments its kind logs that it did not (unjudged())
+    judgment: Judgment | None = None  # the practitioner's judgment (exporter/judgment/): what to do next
 
     def worst(self) -> str | None:
         sev = {f.severity for f in self.findings}
@@ -199,11 +215,13 @@ def judge(run: RunState, runbook_base: str = RUNBOOK_BASE, stats: IngestStats | 
     digest = (digest or RunDigest()).close(run)
     found = findings(run, runbook_base)
     best_step, best_reward, kl_at_best = _best(run, digest, found)
+    missing = unjudged(run)
+    judged = judge_run(run, found, missing, run.crash)
     return RunVerdict(run.name, step_of(run), run.finished, found, best_step, best_reward, kl_at_best,
                       _regimes(run, digest), _instruments(run, digest),
                       {k: d.chart() for k, d in digest.series.items() if d.count},
-                      _limits(run), verdict=verdict_of(run, found), read=read_summary(run, stats), crash=run.crash,
-                      unjudged=unjudged(run))
+                      _limits(run), verdict=verdict_of(run, found, judgment=judged), read=read_summary(run, stats),
+                      crash=run.crash, unjudged=missing, judgment=judged)
 
 
 def step_of(run: RunState) -> int | None:
