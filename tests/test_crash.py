@@ -19,6 +19,9 @@ from exporter.parsers.failures import FailureWatch
 from exporter.report.verdict import judge
 
 LOG = TRL / "grpo" / "combined_unbuffered.log"  # a healthy GRPO run, as its console printed it
+# The verdict of the intact log: the bundled demo run does not learn its task (its correctness reward never
+# fires), so a survived sign leaves it at that, not at crashed.
+LOG_VERDICT = "not_learning"
 OOM = ("Traceback (most recent call last):\n"
        '  File "/workspace/train.py", line 88, in <module>\n'
        "    trainer.train()\n"
@@ -49,7 +52,7 @@ def _train_lines(text: str) -> list[int]:
 def test_a_log_that_ends_in_a_traceback_is_crashed_and_fails_the_gate(tmp_path) -> None:
     text = LOG.read_text(encoding="utf-8")
     healthy = _judge(tmp_path, text)
-    assert healthy.verdict == "healthy" and healthy.crash is None
+    assert healthy.verdict == LOG_VERDICT and healthy.crash is None
     cut = text[:_train_lines(text)[5]]  # six records in, then the trainer died
     v = _judge(tmp_path, cut + OOM)
     assert v.verdict == "crashed"
@@ -91,10 +94,10 @@ def test_a_traceback_the_trainer_survives_is_no_crash(tmp_path, survived: str) -
     text = LOG.read_text(encoding="utf-8")
     at = _train_lines(text)[3]
     mid = _judge(tmp_path, text[:at] + survived + text[at:])
-    assert mid.verdict == "healthy" and mid.crash is None
+    assert mid.verdict == LOG_VERDICT and mid.crash is None
     if survived.startswith("Exception ignored"):
         end = _judge(tmp_path, text + survived)
-        assert end.verdict == "healthy" and end.crash is None
+        assert end.verdict == LOG_VERDICT and end.crash is None
 
 
 def test_a_traceback_after_the_end_summary_is_no_crash_and_the_summary_after_one_clears_it(tmp_path) -> None:
@@ -106,10 +109,10 @@ def test_a_traceback_after_the_end_summary_is_no_crash_and_the_summary_after_one
     for tail in (OOM, "Error in atexit._run_exitfuncs:\n" + OOM, "Exception in thread Thread-3 (_pin_memory_loop):\n"
                  + OOM):
         after = _judge(tmp_path, text + tail)
-        assert after.verdict == "healthy" and after.finished and after.crash is None, tail[:40]
+        assert after.verdict == LOG_VERDICT and after.finished and after.crash is None, tail[:40]
     summary_at = text.index("{'train_runtime'")
     before = _judge(tmp_path, text[:summary_at] + "\n" + OOM + text[summary_at:])
-    assert before.verdict == "healthy" and before.crash is None
+    assert before.verdict == LOG_VERDICT and before.crash is None
 
 
 @pytest.mark.parametrize(("tail", "kind"), [
@@ -274,7 +277,7 @@ def test_a_log_last_written_long_ago_is_stale_at_once_not_after_the_stall_time(t
 
     text = LOG.read_text(encoding="utf-8")
     cut = text[:_train_lines(text)[100]]  # no end summary: it did not finish
-    for age, verdict in ((2 * 86400, "stale"), (0, "healthy")):
+    for age, verdict in ((2 * 86400, "stale"), (0, LOG_VERDICT)):
         path = tmp_path / f"old{age}.log"
         path.write_text(cut, encoding="utf-8")
         written = time.time() - age

@@ -45,11 +45,17 @@ def report_of(run: LabelledRun) -> RunVerdict:
     return v
 
 
+# Runs no pathology rule labels that do not learn their task: the bundled demo's correctness reward never fires and
+# its reward rose only through format and length rewards that were near their ceiling from the start.
+NOT_LEARNING = {"grpo"}
+
+
 @pytest.mark.parametrize("run", RUNS, ids=lambda r: r.name)
 def test_the_verdict_of_every_labelled_run(run: LabelledRun) -> None:
     v = report_of(run)
     if run.healthy:
-        assert v.verdict == "healthy" and v.findings == [], [f.alert for f in v.findings]
+        expected = "not_learning" if run.name in NOT_LEARNING else "healthy"
+        assert v.verdict == expected and v.findings == [], [f.alert for f in v.findings]
         return
     assert v.verdict == "unhealthy"
     for pathology, onset in run.onsets.items():

@@ -88,21 +88,18 @@ def stale(run: RunState, now: float) -> bool:
 def verdict_of(run: RunState, found: list[Finding], now: float | None = None,
                judgment: Judgment | None = None) -> str:
     """no_data without a training record; else crashed when the trainer died (RunState.crash); else unhealthy with
-    a page; else not_learning when the judgment says the task is not being learnt; else unhealthy with a warning;
-    else stale when judged live (`now`) and the run has gone quiet; else healthy."""
+    a page, or with a warning unless the judgment says the task is not being learnt; else stale when judged live
+    (`now`) and the run has gone quiet; else not_learning when the judgment says so; else healthy."""
     if not run.trainer_records:
         return NO_DATA
     if run.crash is not None:
         return CRASHED
-    if any(f.severity == "critical" for f in found):
-        return UNHEALTHY
-    if judgment is not None and judgment.learning is False:
-        return NOT_LEARNING
-    if found:
+    not_learning = judgment is not None and judgment.learning is False
+    if any(f.severity == "critical" for f in found) or (found and not not_learning):
         return UNHEALTHY
     if now is not None and stale(run, now):
         return STALE
-    return HEALTHY
+    return NOT_LEARNING if not_learning else HEALTHY
 
 
 # Instruments only a run that samples and scores completions logs (GRPO, PPO, RLOO): such a run without a reward
