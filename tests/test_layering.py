@@ -23,6 +23,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "exporter.instruments": ("exporter.detectors", *UPWARD),
     "exporter.detectors": UPWARD,
     "exporter.runstate": UPWARD[1:],
+    "exporter.judgment": UPWARD[1:],  # above the run state it reads, below the report and the server that show it
     "exporter.sources": ("exporter.runstate", "exporter.pipeline", "exporter.app", "exporter.exposition",
                          "exporter.report"),
 }

@@ -1,0 +1,203 @@
+"""The practitioner's judgment (exporter/judgment/): what it says of the bundled demo run and of every labelled run,
+that it is the same live and after the run, the checkpoint to keep, and the parts it is made of."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+from exporter.app import Exporter
+from exporter.config import Config, LogSpec
+from exporter.instruments.trajectory import TRAJECTORY_POINTS, Trajectory
+from exporter.judgment.loss import loss_pattern, lr_steps
+from exporter.parsers.checkpoints import checkpoint_event
+from exporter.report.command import EXIT_NOT_LEARNING, verdicts
+from exporter.report.live import run_document
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "exporter" / "data" / "grpo_demo.log"
+GRPO = REPO / "tests" / "fixtures" / "trl" / "grpo" / "combined.log"
+
+
+def _verdict(path: Path, run: str = "r"):
+    (v,) = verdicts(Config(), [LogSpec(str(path), run)])
+    return v
+
+
+# --- the demo run: the task never fires -----------------------------------------------------------------------
+
+def test_the_demo_run_is_judged_as_a_practitioner_would_and_the_report_says_so_first() -> None:
+    """The bundled demo's reward rises from 1.79 to 1.96 in the first ~60 steps through format and length rewards
+    near their ceiling from the start, while correctness_reward stays at 0 on nearly every step: not learning its
+    task, converged, most groups tied; stop and fix the reward. Its KL spikes (9.1 at step 283) are noted."""
+    v = _verdict(DEMO)
+    j = v.judgment
+    assert v.verdict == "not_learning" and v.findings == []
+    assert j.recommendation == "stop" and j.learning is False
+    assert "correctness_reward never fired" in j.not_learning
+    assert {"format_reward", "length_reward"} <= set(re.findall(r"\w+_reward", j.not_learning))
+    assert j.course.shape == "plateau" and 40 <= j.course.since_step <= 90, j.course
+    tied = re.search(r"(\d+)% at the end", j.aspects["signal"])
+    assert tied and int(tied.group(1)) >= 75, j.aspects["signal"]
+    assert 40 <= j.keep.best_step <= 90 and j.keep.step is None  # no save was read: the step itself
+    spikes = [e for e in j.notes if "KL spiked" in e.text]
+    assert any(e.step in (283, 284) and "9.1" in e.text for e in spikes), j.notes
+    assert all(e.kind == "note" for e in j.notes)
+
+    text = run_cli("report", str(DEMO)).stdout.decode().splitlines()
+    assert text[0].startswith("run ") and "NOT_LEARNING" in text[0]
+    head = "\n".join(text[1:4])
+    assert "correctness_reward never fired" in head and "Stop" in head and "Fix the task or the reward" in head
+    assert text.index(next(t for t in text if "KL spiked to 9.15" in t)) < text.index(
+        next(t for t in text if t.startswith("  summary:")))  # the judgment comes before the alarms
+
+
+def test_fail_on_not_learning_exits_5_on_the_demo_and_critical_lets_it_pass() -> None:
+    assert run_cli("report", "--fail-on", "not_learning", str(DEMO)).returncode == EXIT_NOT_LEARNING
+    assert run_cli("report", "--fail-on", "warning", str(DEMO)).returncode == EXIT_NOT_LEARNING
+    assert run_cli("report", "--fail-on", "critical", str(DEMO)).returncode == 0
+    doc = json.loads(run_cli("report", "--output.format", "json", str(DEMO)).stdout)
+    (run,) = doc["runs"]
+    assert run["verdict"] == "not_learning" and run["judgment"]["recommendation"] == "stop"
+    assert run["judgment"]["first_sign"]["kind"] == "sign"
+
+
+# --- live and after the run: one judgment --------------------------------------------------------------------
+
+@pytest.mark.parametrize("log", [DEMO, REPO / "tests" / "fixtures" / "corpus" / "grpo_kl_blowup" / "combined.log",
+                                 REPO / "tests" / "fixtures" / "corpus" / "grpo_healthy" / "combined.log"],
+                         ids=lambda p: p.parent.name)
+def test_the_judgment_is_the_same_live_and_after_the_run(log: Path) -> None:
+    """/api/v1/verdict while the run is read (its series keep a short history) and `report` after it (its digest
+    keeps the whole run) judge from the same trajectories: the same judgment, word for word."""
+    ex = Exporter(Config(), [LogSpec(str(log), "r")])
+    ex.read_to_end()
+    run = ex.runs["r"]
+    run.refresh()
+    live = run_document(run, Config().early_stop)
+    after = _verdict(log).judgment.as_json()
+    assert live["judgment"] == after
+    assert live["verdict"] == _verdict(log).verdict
+
+
+# --- the checkpoint to keep is one on disk ---------------------------------------------------------------------
+
+def _with_saves(tmp_path: Path, saves: dict[int, bool], every: int = 1) -> Path:
+    """The demo log with HF Trainer's save lines (and deletions, False) printed after the record of each step."""
+    lines = DEMO.read_text(encoding="utf-8").split("\n")
+    out, step = [], 0
+    for line in lines:
+        out.append(line)
+        if line.startswith("{'loss'"):
+            step += every
+            if step in saves:
+                out.append(f"[INFO|trainer.py:4012] Saving model checkpoint to /ckpt/out/checkpoint-{step}")
+                if not saves[step]:
+                    out.append(f"[INFO|trainer.py:4120] Deleting older checkpoint [/ckpt/out/checkpoint-{step}] due "
+                               "to args.save_total_limit")
+    path = tmp_path / "train.log"
+    path.write_text("\n".join(out), encoding="utf-8")
+    return path
+
+
+def test_the_checkpoint_to_keep_is_the_saved_one_nearest_the_best_step(tmp_path: Path) -> None:
+    best = _verdict(DEMO).judgment.keep.best_step
+    saves = {s: True for s in range(50, 301, 50)}
+    keep = _verdict(_with_saves(tmp_path, saves)).judgment.keep
+    nearest = min(saves, key=lambda s: (abs(s - best), s))
+    assert keep.best_step == best and keep.step == nearest and keep.path == f"/ckpt/out/checkpoint-{nearest}"
+    assert keep.rotated_step is None and f"checkpoint-{nearest}" in keep.text()
+
+
+def test_a_nearer_checkpoint_rotated_away_is_said(tmp_path: Path) -> None:
+    best = _verdict(DEMO).judgment.keep.best_step
+    nearest = min(range(50, 301, 50), key=lambda s: (abs(s - best), s))
+    saves = {s: s != nearest for s in range(50, 301, 50)}  # save_total_limit deleted the nearest one
+    keep = _verdict(_with_saves(tmp_path, saves)).judgment.keep
+    assert keep.step != nearest and keep.step in saves and keep.rotated_step == nearest
+    assert "was deleted since (save_total_limit)" in keep.text()
+
+
+def test_a_run_to_stop_now_keeps_a_checkpoint_from_before_its_first_sign(tmp_path: Path) -> None:
+    """KL blows up at step ~46 and the (brevity) reward keeps rising after it: the peak is no checkpoint to keep,
+    nor a save after the first sign."""
+    log = REPO / "tests" / "fixtures" / "corpus" / "grpo_kl_blowup" / "combined.log"
+    lines = log.read_text(encoding="utf-8").split("\n")
+    out, step = [], 0
+    for line in lines:
+        out.append(line)
+        if line.startswith("{'loss'"):
+            step += 1
+            if step % 20 == 0:
+                out.append(f"local_global_step_folder: /ckpt/global_step_{step}")  # verl's line
+    path = tmp_path / "kl.log"
+    path.write_text("\n".join(out), encoding="utf-8")
+    j = _verdict(path).judgment
+    first = j.first_sign
+    assert j.recommendation == "stop_now" and first is not None and 40 <= first.step <= 50
+    assert j.keep.before == first.step and j.keep.best_step < first.step
+    assert j.keep.step is not None and j.keep.step < first.step and j.keep.path.endswith(f"global_step_{j.keep.step}")
+
+
+@pytest.mark.parametrize(("line", "step", "deleted"), [
+    ("[INFO|trainer.py:4012] 2026-12-01 >> Saving model checkpoint to out/checkpoint-150", 150, False),
+    ("Saving model checkpoint to /data/run 1/checkpoint-7/", None, None),  # a space in the path: not read whole
+    ("Deleting older checkpoint [out/checkpoint-50] due to args.save_total_limit", 50, True),
+    ("(TaskRunner pid=1234) local_global_step_folder: /ckpt/exp/global_step_40", 40, False),
+    ("[2026-12-01 10:00:00,000] [INFO] [logging.py:107:log_dist] [Rank 0] Saving model checkpoint: "
+     "/ckpt/_actor/global_step30/mp_rank_00_model_states.pt", 30, False),
+    ("[Torch] Checkpoint global_step60 is about to be saved!", 60, False),
+    ("the model saved a checkpoint of its thoughts", None, None),
+])
+def test_what_the_trainers_say_they_saved(line: str, step: int | None, deleted: bool | None) -> None:
+    e = checkpoint_event(line)
+    assert (e.step, e.deleted) == (step, deleted) if step is not None else e is None
+
+
+# --- the parts -----------------------------------------------------------------------------------------------
+
+def test_a_trajectory_stays_bounded_keeps_means_and_spikes_and_cuts_back() -> None:
+    rng = np.random.default_rng(1)
+    values = rng.normal(1.0, 0.1, 100_000)
+    values[77_777] = 50.0
+    t = Trajectory()
+    for a in range(0, len(values), 999):  # batches of any size
+        steps = np.arange(a, min(a + 999, len(values)))
+        t.extend(steps, values[steps])
+    steps, means, counts = t.arrays()
+    assert len(t) <= TRAJECTORY_POINTS and counts.sum() == len(values) and (np.diff(steps) > 0).all()
+    assert abs(float((means * counts).sum() / counts.sum()) - float(values.mean())) < 1e-9
+    peak_steps, peaks = t.peaks()
+    assert peak_steps[int(np.argmax(peaks))] == 77_777 and peaks.max() == 50.0
+    t.cut_back(50_000)
+    assert t.arrays()[0][-1] < 50_000 and t.points > 50_000 - t.width
+
+
+def test_a_learning_rate_step_is_not_a_ramp() -> None:
+    steps = np.arange(1, 301)
+    warmup = np.minimum(steps / 50, 1.0) * 1e-4  # doubles early in its ramp: no step
+    assert lr_steps(steps, warmup) == []
+    stepped = np.where(steps < 150, 1e-4, 1e-3)
+    assert lr_steps(steps, stepped) == [(150, 1e-4, 1e-3)]
+
+
+def test_a_surrogate_loss_jumps_only_beside_a_learning_rate_step() -> None:
+    """GRPO's surrogate halves and grows sevenfold by chance between stretches of healthy runs (it is near zero):
+    only a jump beside a learning-rate step counts. An SFT loss that jumps, counts by itself."""
+    rng = np.random.default_rng(3)
+    steps = np.arange(1, 301)
+    noise = rng.normal(0, 0.02, 300)
+    jumped = noise * np.where(steps < 150, 1.0, 6.0)
+    assert loss_pattern(steps, jumped, surrogate=True).shape != "discontinuity"
+    p = loss_pattern(steps, jumped, surrogate=True, lr_changes=[(150, 1e-4, 1e-3)])
+    assert p.shape == "discontinuity" and abs(p.step - 150) <= 5
+    sft = 2.0 * np.exp(-steps / 400) + rng.normal(0, 0.01, 300) + np.where(steps < 200, 0.0, 2.0)
+    p = loss_pattern(steps, sft, surrogate=False)
+    assert p.shape == "discontinuity" and abs(p.step - 200) <= 5
+    assert loss_pattern(steps, 2.0 * np.exp(-steps / 400) + rng.normal(0, 0.01, 300), surrogate=False).shape in (
+        "declining", "steady")
