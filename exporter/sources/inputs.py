@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from exporter.config import LogSpec
+from exporter.parsers.checkpoints import CheckpointEvent
 from exporter.parsers.record import ParseError, Record
 from exporter.pipeline import ConsoleStream, IngestStats, take_samples
 from exporter.runstate import RunState
@@ -19,7 +20,7 @@ from exporter.sources.completions import CompletionsReader
 from exporter.sources.files import FileFollower
 from exporter.sources.tensorboard import FMT as TB_FORMAT
 from exporter.sources.tensorboard import TensorBoardReader
-from exporter.sources.trainer_state import TrainerStateReader
+from exporter.sources.trainer_state import TrainerStateReader, checkpoints_in
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,16 @@ class TrainerStateInput(_RunInput):
         self.reader.entry_errors.clear()
         self.follow.truncations = self.reader.rewrites  # a history rewritten under us, read again where it differs
         self._hand_over("trainer_state", records)
+        if records:  # the checkpoints on disk beside it: the one to keep must be among them
+            self._on_disk(checkpoints_in(self.reader.output_dir()))
         return bool(records)
+
+    def _on_disk(self, found: list[tuple[int, str]]) -> None:
+        there = {step for step, _ in found}
+        for step, path in found:
+            self.run.saved(CheckpointEvent(step, path, False))
+        for step in [s for s in self.run.checkpoints.saved if s not in there]:
+            self.run.saved(CheckpointEvent(step, self.run.checkpoints.saved[step], True))  # gone from disk
 
     def _error(self, reason: str, n: int) -> None:
         self.stats.error(self.run.name, "trainer_state", reason, n, "skipped %s or entries of its log_history (%s)",

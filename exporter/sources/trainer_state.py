@@ -95,6 +95,20 @@ def trainer_state_in(folder: str) -> str | None:
     return None if best is None else best[2]
 
 
+def checkpoints_in(folder: str) -> list[tuple[int, str]]:
+    """The `checkpoint-N/` folders of a Trainer's output folder, by step: what is on disk now."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return []
+    out = []
+    for entry in entries:
+        m = _CHECKPOINT.fullmatch(entry.name)
+        if m is not None and entry.is_dir():
+            out.append((int(m.group(1)), entry.path))
+    return sorted(out)
+
+
 class TrainerStateReader:
     """One trainer_state.json, or the newest of a Trainer's output folder (`path` is then the folder)."""
 
@@ -113,6 +127,14 @@ class TrainerStateReader:
 
     def _file(self) -> str | None:
         return trainer_state_in(self.path) if os.path.isdir(self.path) else self.path
+
+    def output_dir(self) -> str:
+        """The Trainer's output folder: the one given, or the one holding the file (OUT/trainer_state.json, or
+        OUT/checkpoint-N/trainer_state.json)."""
+        if os.path.isdir(self.path):
+            return self.path
+        parent = os.path.dirname(os.path.abspath(self.path))
+        return os.path.dirname(parent) if _CHECKPOINT.fullmatch(os.path.basename(parent)) else parent
 
     def poll(self) -> list[Record]:
         """New records since the last poll. Raises ParseError for a file that is not (yet) valid."""
