@@ -36,6 +36,8 @@ table{border-collapse:collapse;font-size:13px;background:#fff} td,th{border:1px 
 text-align:left;vertical-align:top} th{background:#f0f0f0} .num{text-align:right;font-variant-numeric:tabular-nums}
 .grid{display:flex;flex-wrap:wrap;gap:12px} .chart{background:#fff;border:1px solid #e0e0e0;padding:6px}
 .muted{color:#757575;font-size:12px} .run{border-top:3px solid #bdbdbd;margin-top:32px;padding-top:8px}
+.judgment{background:#f5f5f5;border-left:4px solid #1565c0;padding:4px 12px;margin:12px 0}
+.story li.story-sign{font-weight:600;color:#b71c1c}
 """
 
 
@@ -197,6 +199,32 @@ def _regime_bar(v: RunVerdict, x0: int, x1: int) -> str:
             f'<div class="muted">{legend}</div>')
 
 
+_ASPECTS = {"trajectory": "Course", "kl_reward": "KL and reward", "signal": "Learning signal", "loss": "Loss",
+            "writing": "What it writes"}
+
+
+def _judgment(v: RunVerdict) -> str:
+    """The judgment first: what an experienced engineer would say and do, each aspect, the story by onset."""
+    j = v.judgment
+    if j is None or j.recommendation == "not_judged":
+        return ""
+    out = [f'<div class="judgment"><h2>Judgment: {_esc(j.recommendation.replace("_", " "))}</h2>',
+           f"<p><b>{_esc(j.headline)}</b></p><p>{_esc(j.action)}</p><table>"]
+    out += [f"<tr><th>{_esc(_ASPECTS.get(k, k))}</th><td>{_esc(t)}</td></tr>" for k, t in j.aspects.items()]
+    out.append("</table>")
+    if j.story:
+        out.append("<h3>Story</h3><ol class=\"story\">")
+        out += [f'<li class="story-{_esc(e.kind)}">step {e.step} <span class="muted">[{_esc(e.kind)}]</span> '
+                f"{_esc(e.text)}</li>" for e in j.story]
+        out.append("</ol>")
+    if j.notes:
+        out.append("<h3>Notes: what passed without an alert</h3><ul>")
+        out += [f"<li>step {e.step}: {_esc(e.text)}</li>" for e in j.notes]
+        out.append("</ul>")
+    out.append("</div>")
+    return "".join(out)
+
+
 def _run_section(v: RunVerdict) -> str:
     steps_all = [int(s[0]) for s, _ in v.series.values()] + [int(s[-1]) for s, _ in v.series.values()]
     x0, x1 = (min(steps_all), max(steps_all)) if steps_all else (0, max(v.last_step or 0, 1))
@@ -214,8 +242,9 @@ def _run_section(v: RunVerdict) -> str:
                    "read as such: map the trainer's own key with a config <code>aliases:</code> entry).")
     if v.best_step is not None:
         out.append(f' Best step <b>{v.best_step}</b> (smoothed reward {_fmt(v.best_reward)}, KL '
-                   f'{_fmt(v.kl_at_best)}): the checkpoint to keep (green line in the charts).')
+                   f'{_fmt(v.kl_at_best)}): the reward\'s smoothed peak (green line in the charts).')
     out.append("</p>")
+    out.append(_judgment(v))
     if v.findings:
         out.append("<h2>Findings</h2><table><tr><th>severity</th><th>alert</th><th>steps</th>"
                    "<th>what it means</th></tr>")
