@@ -33,6 +33,12 @@ baseline = the median of the key's values logged in the run's first 10 steps (co
 step; at least its first value): dated by steps, not records, so that a run logging every 10 steps takes
 its first record (an average over 10 steps) as its start and a collapse by its second record is not
 averaged into its start. A run logging every step has 10 points there, as before.
+Added with the judgment of whole runs, written before the detector that finds it (reward_component_silent):
+
+- component_silent: one reward component's mean (`rewards/<name>/mean`) is exactly 0 while its baseline is 0,
+  span 20 (a reward function that scored no completion at the run's start and still scores none: it never fired,
+  so it ranks nothing and teaches nothing; one that fired and died is a dead component, not this).
+
 Entropy collapse is judged only in runs that sample completions and score them (they log `reward`: GRPO,
 RLOO, PPO): an SFT or DPO model's entropy falls as it fits its data, which is the point of those
 trainings, not a pathology.
@@ -130,11 +136,20 @@ def onset(rule: LabelRule, records: list[dict]) -> int | None:
     return None
 
 
+def component_rules(records: list[dict]) -> list[LabelRule]:
+    """component_silent, one rule per reward component the run logs."""
+    keys = sorted({k for e in records for k in e if k.startswith("rewards/") and k.endswith("/mean")
+                   and k.count("/") == 2})
+    return [LabelRule("component_silent", (k,), lambda v, b, k=k: v[k] == 0 and b[k] == 0, 20,
+                      f"{k} == 0 with its baseline 0") for k in keys]
+
+
 def onsets(records: list[dict]) -> dict[str, int]:
-    """Every pathology whose rule finds an onset in the run, with its onset step."""
-    out = {}
-    for rule in RULES:
+    """Every pathology whose rule finds an onset in the run, with its onset step (a per-component rule: the first
+    component's)."""
+    out: dict[str, int] = {}
+    for rule in (*RULES, *component_rules(records)):
         step = onset(rule, records)
         if step is not None:
-            out[rule.pathology] = step
+            out[rule.pathology] = min(step, out.get(rule.pathology, step))
     return out
