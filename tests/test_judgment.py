@@ -37,7 +37,8 @@ def test_the_demo_run_is_judged_as_a_practitioner_would_and_the_report_says_so_f
     task, converged, most groups tied; stop and fix the reward. Its KL spikes (9.1 at step 283) are noted."""
     v = _verdict(DEMO)
     j = v.judgment
-    assert v.verdict == "not_learning" and v.findings == []
+    assert v.verdict == "not_learning"
+    assert [(f.alert, f.component) for f in v.findings] == [("PostTrainRewardComponentSilent", "correctness_reward")]
     assert j.recommendation == "stop" and j.learning is False
     assert "correctness_reward never fired" in j.not_learning
     assert {"format_reward", "length_reward"} <= set(re.findall(r"\w+_reward", j.not_learning))
@@ -53,13 +54,14 @@ def test_the_demo_run_is_judged_as_a_practitioner_would_and_the_report_says_so_f
     assert text[0].startswith("run ") and "NOT_LEARNING" in text[0]
     head = "\n".join(text[1:4])
     assert "correctness_reward never fired" in head and "Stop" in head and "Fix the task or the reward" in head
+    assert j.first_sign.step <= 50 and "correctness_reward" in j.first_sign.text  # at the alert's onset
     assert text.index(next(t for t in text if "KL spiked to 9.15" in t)) < text.index(
         next(t for t in text if t.startswith("  summary:")))  # the judgment comes before the alarms
 
 
 def test_fail_on_not_learning_exits_5_on_the_demo_and_critical_lets_it_pass() -> None:
     assert run_cli("report", "--fail-on", "not_learning", str(DEMO)).returncode == EXIT_NOT_LEARNING
-    assert run_cli("report", "--fail-on", "warning", str(DEMO)).returncode == EXIT_NOT_LEARNING
+    assert run_cli("report", "--fail-on", "warning", str(DEMO)).returncode == 1  # its silent component's warning
     assert run_cli("report", "--fail-on", "critical", str(DEMO)).returncode == 0
     doc = json.loads(run_cli("report", "--output.format", "json", str(DEMO)).stdout)
     (run,) = doc["runs"]

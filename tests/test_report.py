@@ -45,8 +45,8 @@ def report_of(run: LabelledRun) -> RunVerdict:
     return v
 
 
-# Runs no pathology rule labels that do not learn their task: the bundled demo's correctness reward never fires and
-# its reward rose only through format and length rewards that were near their ceiling from the start.
+# Runs that do not learn their task: the bundled demo's correctness reward never fires (component_silent) and its
+# reward rose only through format and length rewards that were near their ceiling from the start.
 NOT_LEARNING = {"grpo"}
 
 
@@ -54,10 +54,9 @@ NOT_LEARNING = {"grpo"}
 def test_the_verdict_of_every_labelled_run(run: LabelledRun) -> None:
     v = report_of(run)
     if run.healthy:
-        expected = "not_learning" if run.name in NOT_LEARNING else "healthy"
-        assert v.verdict == expected and v.findings == [], [f.alert for f in v.findings]
+        assert v.verdict == "healthy" and v.findings == [], [f.alert for f in v.findings]
         return
-    assert v.verdict == "unhealthy"
+    assert v.verdict == ("not_learning" if run.name in NOT_LEARNING else "unhealthy")
     for pathology, onset in run.onsets.items():
         on_it = [f for f in v.findings if f.instrument in CAUGHT_BY[pathology] and f.last_step >= onset]
         assert on_it, f"{pathology} at {onset}: no finding on {sorted(CAUGHT_BY[pathology])}"

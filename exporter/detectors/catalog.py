@@ -41,6 +41,7 @@ ZERO_STD: SeriesKey = ("reward_zero_std", None)
 POLICY_RATIO: SeriesKey = ("policy_ratio", None)
 CLIP_FRACTION: SeriesKey = ("clip_fraction", None)
 COMPONENT_STD = "reward_component_std"  # per component: one detector state per sub-label value
+COMPONENT = "reward_component"  # per component: its mean
 # Read from the trainer's printed completions (exporter/samples/diversity.py), one point per sample set:
 TOP_PROMPT_SHARE: SeriesKey = ("completion_diversity", "top_prompt_share")
 TOP_SHARE: SeriesKey = ("completion_diversity", "top_share")
@@ -295,6 +296,23 @@ def component_dead(ctx: BatchContext, v: StreamView) -> Evaluation:
     value = np.where(quick, fast.value, slow.value)
     return Evaluation(slow.steps, cond, value, slow.limit, slow.raw & alive_once,
                       (slow.clear & fast.clear) | ~alive_once)
+
+
+SILENT_POINTS = 20  # a silent component: exactly 0 at SILENT_SHARE of its last this many logged points ...
+SILENT_SHARE = 0.8
+
+
+def component_silent(ctx: BatchContext, v: StreamView) -> Evaluation:
+    """A reward component that never fired: its baseline (the median of its first logged steps) is exactly 0 and it
+    is exactly 0 at SILENT_SHARE of its last SILENT_POINTS logged points. One that fired at the start and died is
+    reward_component_dead's; a negative penalty that is 0 when nothing is penalised starts at 0 too, which is why a
+    warning, not a page (the judgment weighs it against what the other components did)."""
+    zero = StreamView(v.steps, (v.values == 0).astype(float), v.start, v.baseline)
+    share = zero.rolling(SILENT_POINTS, "mean")
+    with np.errstate(invalid="ignore"):
+        never = v.baseline == 0
+        return Evaluation(v.new_steps, never & (share >= SILENT_SHARE), share, np.full(len(share), SILENT_SHARE),
+                          clear=~(share > SHARE_ENDED) | ~never)
 
 
 def clipping_excessive(ctx: BatchContext, v: StreamView) -> Evaluation:
@@ -558,6 +576,20 @@ DETECTORS: tuple[Detector, ...] = (
             "{value} of its last 20 logged steps (of its last 10 where the whole reward's std collapsed too), "
             "although it varied at the run's start", percent=True,
         meaning="The component is saturated and now dead weight in the composite reward."),
+    Detector(
+        "reward_component_silent", "PostTrainRewardComponentSilent", "warning", "reward_component", COMPONENT,
+        component_silent, 1,
+        help="A reward component whose mean was exactly 0 at the run's start (its baseline) and is exactly 0 at 16 "
+             "of its last 20 logged steps (value: that share).",
+        basis="a reward function that scores no completion ranks none: GRPO's advantages are deviations within a "
+              "group (DeepSeekMath, arXiv:2402.03300), so it adds nothing the policy can learn from",
+        summary="Reward component {component} never fired in run {run}.",
+        saw="reward component {component} scored exactly 0 at {value} of its last 20 logged steps, as at the run's "
+            "start", percent=True,
+        meaning="This reward function gives no learning signal: the task it scores is out of the policy's reach "
+                "(too hard, a wrong answer format, a parsing bug in the reward), and any rise of the total reward "
+                "comes from the other components. Read the judgment: if they were near their ceiling from the "
+                "start, the run is not learning its task."),
     Detector(
         "clipping_excessive", "PostTrainClippingExcessive", "warning", "clip_total", CLIP_TOTAL,
         clipping_excessive, 3,

@@ -14,7 +14,6 @@ import numpy as np
 from exporter.detectors.catalog import (
     BASELINE_QUANTILE,
     CLIP_TOTAL,
-    COMPONENT_STD,
     DETECTORS,
     NONFINITE,
     SIGNAL,
@@ -69,6 +68,7 @@ class DetectorSet:
                 self._state(d, None)
         self._inputs = {d.input for d in self.detectors if not isinstance(d.input, str)}
         self._inputs |= {k for d in self.detectors for k in d.reads}
+        self._per_sub = {d.input for d in self.detectors if isinstance(d.input, str)}  # instruments judged per label
 
     def required(self, d: Detector) -> int:
         return self.settings.detectors.steps.get(d.name, d.required)
@@ -141,7 +141,7 @@ class DetectorSet:
                 self._last[d.name, sub] = (float(ev.value[-1]), float(ev.limit[-1]), int(ev.steps[-1]))
 
     def _inputs_of(self, cols: dict[SeriesKey, Column], nrows: int) -> Inputs:
-        out = {k: (c.steps, c.values) for k, c in cols.items() if k in self._inputs or k[0] == COMPONENT_STD}
+        out = {k: (c.steps, c.values) for k, c in cols.items() if k in self._inputs or k[0] in self._per_sub}
         low, high, region = cols.get(_LOW), cols.get(_HIGH), cols.get(_REGION)
         if low is not None and high is not None:  # GRPO: low + high, at the records that logged both
             with np.errstate(invalid="ignore"):  # inf + -inf is NaN, which the stream drops
@@ -180,7 +180,7 @@ class DetectorSet:
         for s in self.streams.values():
             s.reset()
             s.baseline.cut_back(step)
-        keys = [k for k in series if k in self._inputs or k[0] in (COMPONENT_STD, "clip_ratio")]
+        keys = [k for k in series if k in self._inputs or k[0] in self._per_sub or k[0] == "clip_ratio"]
         if not keys:
             return
         arrays = {}

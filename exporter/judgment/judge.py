@@ -31,6 +31,8 @@ DESTRUCTIVE = frozenset({"kl_critical", "destructive_regime", "nonfinite_loss_or
 # ... whose finding means the run has nothing left to learn: stop, it has run its course.
 RUN_ITS_COURSE = frozenset({"reward_std_collapsed", "learning_signal_dead", "dpo_saturated",
                             "drifting_without_gain"})
+# ... a component that never fired: a sign to stop where the judgment finds the task is not being learnt.
+SILENT = "reward_component_silent"
 # ... whose finding asks for a look before anything else.
 LOOK_FIRST = frozenset({"loss_discontinuity"})
 KL_RISE_RATIO, KL_RISE_MIN = 1.5, 0.05  # KL rising over the recent third: 1.5x its level there, and by 0.05
@@ -140,8 +142,9 @@ def judge_run(run: RunState, found: Sequence[FindingLike], unjudged: Sequence[st
         aspects["signal"] = signal
     learning, why_not = _learning(course, what, components)
     first = course.start_step if course is not None else max(run.step, 0)
+    by_finding = {f.component for f in found if f.detector == SILENT}  # the alert says it: one line, not two
     for c in components:
-        if c.silent:
+        if c.silent and c.name not in by_finding:
             story.append(Event(_first_step(run, ("reward_component", c.name), first),
                                f"reward component {c.name} never fired: it scored 0 on {c.points - c.fired} of its "
                                f"{c.points} logged steps (highest {_fmt(c.peak)})",
@@ -169,9 +172,11 @@ def judge_run(run: RunState, found: Sequence[FindingLike], unjudged: Sequence[st
         aspects["writing"] = writing
     for f in found:
         calls = (STOP_NOW if f.detector in DESTRUCTIVE else STOP if f.detector in RUN_ITS_COURSE
-                 else INVESTIGATE if f.detector in LOOK_FIRST else None)
+                 or (f.detector == SILENT and learning is False) else INVESTIGATE if f.detector in LOOK_FIRST
+                 else None)
         story.append(Event(f.onset, f"{f.alert} ({f.severity}): {f.summary}", SIGN if calls else WARNING, calls,
-                           f.severity == "critical", f.summary.rstrip(".")))
+                           f.severity == "critical", f"the task is not being learnt ({f.component} never fired)"
+                           if f.detector == SILENT else f.summary.rstrip(".")))
     if crash is not None:
         story.append(Event(max(run.step, 0), f"the trainer died: {crash.text}", SIGN, INVESTIGATE, True,
                            f"the trainer died: {crash.text}"))

@@ -28,6 +28,7 @@ CAUGHT_BY: dict[str, frozenset[str]] = {
     "length_collapse": frozenset({"completion_length"}),
     "dead_signal": frozenset({"reward_std", "reward_zero_std"}),  # the same state, read from either
     "dpo_saturation": frozenset({"dpo_accuracy"}),
+    "component_silent": frozenset({"reward_component"}),
 }
 # The stop signs: these must page, not only warn. A dead learning signal is a reward-std collapse read from the
 # groups that tie.
