@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "exporter"
 
 # module prefix -> what it must never import (prefixes of dotted module names)
 UPWARD = ("exporter.runstate", "exporter.pipeline", "exporter.app", "exporter.sources.inputs",
-          "exporter.exposition", "exporter.report", "exporter.cli")
+          "exporter.exposition", "exporter.report", "exporter.cli", "exporter.commands")
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "exporter.parsers": ("exporter.instruments", "exporter.detectors", "exporter.console", *UPWARD),
     "exporter.console": ("exporter.instruments", "exporter.detectors", *UPWARD),
