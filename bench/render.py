@@ -41,7 +41,7 @@ LOG = REPO / "tests/fixtures/trl/grpo/combined_unbuffered.log"
 
 
 def registry(exporter: Exporter, gpu: GpuSampler | None) -> CollectorRegistry:
-    """What `serve` registers (exporter/cli.py): the exporter's collector, the GPUs', the process'."""
+    """What `serve` registers (exporter/commands/serving.py): the exporter's collector, the GPUs', the process'."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(ExporterCollector(exporter))
     if gpu is not None:

@@ -1,4 +1,5 @@
-"""The exporter's state: its inputs, one RunState per run, and the loop that feeds them."""
+"""The exporter's state: the inputs sources/inputs built for it, its runs (runset.py), and the loop that polls
+the inputs; nothing it holds calls back into it."""
 
 from __future__ import annotations
 
@@ -10,37 +11,27 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from exporter.config import Config, EarlyStopSettings, LogSpec
-from exporter.instruments.keymap import KeyMap
-from exporter.launch import ConsoleBesideFeed, Launch, MaybeFeed
-from exporter.parsers.chain import LineParserChain
-from exporter.pipeline import ConsoleStream, IngestStats
+from exporter.launch import Launch
+from exporter.pipeline import IngestStats
+from exporter.runset import RunSet
 from exporter.runstate import RunState
 from exporter.sources.base import ChunkReader, Source
-from exporter.sources.detect import COMPLETIONS, TENSORBOARD, TRAINER_STATE, input_kind
-from exporter.sources.inputs import (
-    CompletionsInput,
-    FileInput,
-    PendingInput,
-    StreamInput,
-    TensorBoardInput,
-    TrainerStateInput,
-)
-from exporter.sources.kubernetes import KubernetesLogReader, KubernetesSourceError, is_kubernetes_path
-from exporter.sources.stdin import StdinReader
+from exporter.sources.inputs import open_input
 
 if TYPE_CHECKING:
     from exporter.stopsignal import StopSignal
 
 log = logging.getLogger(__name__)
 
+
 class Exporter:
     def __init__(self, cfg: Config, specs: Iterable[LogSpec], launch: Launch | None = None) -> None:
         self.cfg = cfg
         self.launch = launch  # `run`: the trainer it started, whose feed joins its console's run (launch.py)
         self.lock = threading.Lock()
-        self.keymap = KeyMap(cfg.aliases)
-        self.runs: dict[str, RunState] = {}
-        self.stats: dict[str, IngestStats] = {}
+        self.runset = RunSet(cfg, launch)  # the runs by name, made as inputs name them
+        self.runs: dict[str, RunState] = self.runset.runs
+        self.stats: dict[str, IngestStats] = self.runset.stats
         self.inputs: list[Source] = []
         for spec in specs:
             self.add_input(spec)
@@ -49,72 +40,18 @@ class Exporter:
         self.stop_signal: StopSignal | None = None  # config early_stop: set by serve and run
 
     def run_state(self, name: str) -> RunState:
-        if name not in self.runs:
-            self.runs[name] = RunState(name, self.keymap, self.cfg.limits, self.cfg.derived)
-            self.stats[name] = IngestStats()
-        return self.runs[name]
+        return self.runset.get(name)
 
     def add_input(self, spec: LogSpec, reader: ChunkReader | None = None, *, first: bool = False) -> Source:
-        """Reads `spec` from now on: its path's source, or `reader` (a stream the caller made: the trainer child,
-        the demo's replay). `first`: polled before the others (the trainer's own output). Call it under the lock
-        once the loop runs."""
-        self.run_state(spec.run)  # the run is there (and scraped) before its log is
-        if reader is not None:
-            source: Source = StreamInput(spec, self._console(spec), reader)
-        else:
-            source = self._reader(spec) or PendingInput(spec, self._reader)
-        log.debug("run %s reads %s through %s (format %s)", spec.run, spec.path, type(source).__name__, spec.format)
+        """Reads `spec` from now on: the input sources/inputs builds for it (its path's kind), or over `reader` (a
+        stream the caller made: the trainer child, the demo's replay). `first`: polled before the others (the
+        trainer's own output). Call it under the lock once the loop runs."""
+        source = open_input(spec, self.runset, reader)
         if first:
             self.inputs.insert(0, source)
         else:
             self.inputs.append(source)
         return source
-
-    def _console(self, spec: LogSpec) -> ConsoleStream:
-        """The path from text to the run for a console log: framing, the parsers the format allows, steps."""
-        run = sink = self.run_state(spec.run)
-        if self.launch is not None:
-            launch = self.launch
-            if spec.path == "-" and spec.run == launch.run:  # the trainer's own output
-                sink = ConsoleBesideFeed(run, launch)
-            else:
-                sink = MaybeFeed(run, lambda: self.run_state(launch.run), launch, self._merged)
-        return ConsoleStream(sink, self.stats[spec.run],  # type: ignore[arg-type]  (a RunState to the stream)
-                             LineParserChain(spec.format, self.cfg.formats), self.cfg.limits.max_line_length,
-                             spec.gradient_accumulation)
-
-    def _reader(self, spec: LogSpec) -> Source | None:
-        """The input reading `spec` as what its path holds, or None while that cannot be told."""
-        if is_kubernetes_path(spec.path):  # a container's log through the Kubernetes API: a console stream
-            return self._kubernetes(spec)
-        kind = input_kind(spec.path, spec.format)
-        if kind is None:
-            return None
-        run, stats = self.run_state(spec.run), self.stats[spec.run]
-        if kind == TRAINER_STATE:
-            return TrainerStateInput(spec, run, stats)
-        if kind == TENSORBOARD:
-            return TensorBoardInput(spec, run, stats)
-        if kind == COMPLETIONS:
-            return CompletionsInput(spec, run, stats)
-        if spec.path == "-":
-            return StreamInput(spec, self._console(spec), StdinReader())
-        return FileInput(spec, self._console(spec))
-
-    def _merged(self, run: RunState) -> None:
-        """A log of `run` turned out to be its trainer's feed: the log's own run (earlier trainings only) goes; what
-        its stream counts (lines, errors, drops, before and after) is the trainer's run's from now on."""
-        if self.runs.get(run.name) is run:
-            del self.runs[run.name]
-            stats = self.stats.pop(run.name)
-            if self.launch is not None:
-                self.stats[self.launch.run].merged.append(stats)
-
-    def _kubernetes(self, spec: LogSpec) -> Source:
-        """k8s://: bad paths, a missing POD_NAMESPACE/POD_NAME, package or credentials stop the start here."""
-        if spec.format in (TRAINER_STATE, TENSORBOARD):
-            raise KubernetesSourceError(f"{spec.path}: a container's log is console text, not {spec.format}")
-        return StreamInput(spec, self._console(spec), KubernetesLogReader.from_path(spec.path))
 
     def poll_once(self) -> bool:
         """One slice of every input: read without the lock (opening, reading, fingerprinting may block: a FIFO, a

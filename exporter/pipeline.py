@@ -51,7 +51,7 @@ class IngestStats:
         self.step_disagreements: Counter[str] = Counter()  # console records whose step disagrees, by reason
         self.step_sources: Counter[str] = Counter()  # console records without their own step, by its source
         self._warned: set[tuple[str, ...]] = set()  # what was logged once already, for this run alone
-        # the counts of a log that turned out to be this run's feed (app._merged): its stream counts there still
+        # the counts of a log that turned out to be this run's feed (runset.py): its stream counts there still
         self.merged: list[IngestStats] = []
 
     def total(self) -> IngestStats:

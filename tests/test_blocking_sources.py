@@ -174,7 +174,7 @@ def test_dump_of_a_fifo_whose_writer_waits_already_never_cuts_it_off(tmp_path) -
     writer with no reader (EPIPE; SIGPIPE kills a shell's redirect), and dump then waits for a writer that never
     comes. Here the writer writes a moment after its open returns; the check must leave it waiting for the reader
     that reads it (the follower's open, here ours)."""
-    from exporter.cli import _readable
+    from exporter.commands.specs import check_readable
     from exporter.config import LogSpec
     fifo = tmp_path / "train.fifo"
     os.mkfifo(fifo)
@@ -187,7 +187,7 @@ def test_dump_of_a_fifo_whose_writer_waits_already_never_cuts_it_off(tmp_path) -
         """), str(fifo)], stderr=subprocess.PIPE)
     try:
         time.sleep(0.5)  # the writer waits in its open
-        _readable([LogSpec(str(fifo), "train")])
+        check_readable([LogSpec(str(fifo), "train")])
         time.sleep(0.6)  # had the check let the writer go, it wrote by now, to no reader
         assert writer.poll() is None, writer.communicate()[1].decode()
         with open(fifo, "rb") as r:  # the follower's open

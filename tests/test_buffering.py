@@ -26,7 +26,7 @@ from exporter.instruments.keymap import KeyMap
 from exporter.parsers.chain import LineParserChain
 from exporter.parsers.record import Record
 from exporter.runstate import RunState
-from exporter.sources.inputs import REDRAW_WAIT_SECONDS
+from exporter.sources.inputs.console import REDRAW_WAIT_SECONDS
 
 # --- a model of a Trainer's two output files ---------------------------------------------------------------------
 

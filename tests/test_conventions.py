@@ -21,7 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.loopback import scrape_until
 
 from exporter import __version__
-from exporter.cli import ENV_PREFIX, JsonLogFormatter, LogfmtFormatter, build_parser, env_name
+from exporter.cli import build_parser
+from exporter.envflags import ENV_PREFIX, env_name
+from exporter.logformat import JsonLogFormatter, LogfmtFormatter
 
 LOGFMT_LINE = re.compile(r'^ts=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z level=(debug|info|warn|error) logger=\S+ '
                          r'caller=\S+\.py:\d+ msg=("(?:[^"\\]|\\.)*"|\S+)( err=.*)?$')
@@ -79,7 +81,7 @@ def test_logfmt_by_default_json_on_request(tmp_path) -> None:
     paths = two_same_named_states(tmp_path)
     lines = run_cli("dump", "--no-gpu", *paths).stderr.decode().splitlines()
     assert len(lines) == 2 and all(LOGFMT_LINE.match(line) for line in lines), lines
-    assert "level=info logger=posttrain-exporter caller=cli.py:" in lines[0]
+    assert "level=info logger=posttrain-exporter caller=specs.py:" in lines[0]  # the module that logged it
     assert "naming this one 'a/trainer_state' (set a run to choose)\"" in lines[0]
 
     lines = run_cli("dump", "--no-gpu", "--log.format", "json", *paths).stderr.decode().splitlines()

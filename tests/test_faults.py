@@ -22,7 +22,7 @@ from conftest import TRL
 from exporter.app import Exporter
 from exporter.config import Config, LogSpec
 from exporter.sources.files import FileFollower
-from exporter.sources.inputs import FileInput
+from exporter.sources.inputs.file import FileInput
 
 REAL = [ln for ln in (TRL / "grpo" / "stdout.log").read_text().splitlines() if ln.startswith("{'loss'")]
 

@@ -33,7 +33,7 @@ from exporter.exposition.collector import ExporterCollector
 from exporter.parsers.chain import LineParserChain
 from exporter.pipeline import ConsoleStream
 from exporter.runstate import RunLimits
-from exporter.sources.inputs import StreamInput
+from exporter.sources.inputs.stream import StreamInput
 from exporter.sources.kubernetes import (
     INSTALL_HINT,
     KubernetesLogReader,

@@ -225,9 +225,10 @@ def test_parsing_that_falls_behind_never_holds_the_trainer_back(tmp_path) -> Non
     finally:
         out.close()
     assert (tmp_path / "passed").read_bytes() == data
-    assert child.dropped_bytes > 0 and child.bytes_read == len(data)
-    parsed = "".join(child.poll())
-    assert len(parsed) + child.dropped_bytes == len(data) and child.closed
+    feed = child.feed  # what the exporter reads
+    assert feed.dropped_bytes > 0 and feed.bytes_read == len(data)
+    parsed = "".join(feed.poll())
+    assert len(parsed) + feed.dropped_bytes == len(data) and feed.closed
 
 
 def _beside_feed_stream(fed: bool):

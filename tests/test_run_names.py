@@ -9,7 +9,8 @@ import pytest
 from conftest import TRL, run_cli
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.cli import UsageError, _specs
+from exporter.commands.base import UsageError
+from exporter.commands.specs import log_specs
 from exporter.config import Config, LogSpec, default_run_name, parse_config
 
 
@@ -36,25 +37,25 @@ def test_two_trainer_states_with_the_same_name_stay_two_runs(tmp_path) -> None:
 
 def test_same_stem_in_deeper_folders_takes_as_many_folders_as_it_needs(tmp_path) -> None:
     paths = [str(tmp_path / "x" / "out" / "train.log"), str(tmp_path / "y" / "out" / "train.log")]
-    specs = _specs(Config(), paths, None, "auto")
+    specs = log_specs(Config(), paths, None, "auto")
     assert [s.run for s in specs] == ["x/out/train", "y/out/train"]
 
 
 def test_a_named_run_keeps_its_name_and_the_other_is_renamed(tmp_path) -> None:
     cfg = parse_config({"logs": [{"path": str(tmp_path / "a.log"), "run": "train"}]})
-    specs = _specs(cfg, [str(tmp_path / "sub" / "train.log")], None, "auto")
+    specs = log_specs(cfg, [str(tmp_path / "sub" / "train.log")], None, "auto")
     assert [s.run for s in specs] == ["train", "sub/train"]
 
 
 def test_the_same_file_twice_is_read_once(tmp_path) -> None:
     path = str(tmp_path / "train.log")
     cfg = parse_config({"logs": [path]})
-    assert _specs(cfg, [path], None, "auto") == [LogSpec(path, "train")]
+    assert log_specs(cfg, [path], None, "auto") == [LogSpec(path, "train")]
 
 
 def test_two_logs_given_the_same_run_is_an_error(tmp_path) -> None:
     with pytest.raises(UsageError, match=r"run 'grpo': logs .*a.log and .*b.log would merge into one run"):
-        _specs(Config(), [str(tmp_path / "a.log"), str(tmp_path / "b.log")], "grpo", "auto")
+        log_specs(Config(), [str(tmp_path / "a.log"), str(tmp_path / "b.log")], "grpo", "auto")
     res = run_cli("dump", "--run", "grpo", str(tmp_path / "a.log"), str(tmp_path / "b.log"))
     assert res.returncode == 2 and b"would merge into one run" in res.stderr
 
@@ -62,7 +63,7 @@ def test_two_logs_given_the_same_run_is_an_error(tmp_path) -> None:
 def test_config_logs_with_the_same_run_are_an_error(tmp_path) -> None:
     cfg = parse_config({"logs": [{"path": "/x/a.log", "run": "r"}, {"path": "/x/b.log", "run": "r"}]})
     with pytest.raises(UsageError, match="would merge"):
-        _specs(cfg, [], None, "auto")
+        log_specs(cfg, [], None, "auto")
 
 
 @pytest.mark.parametrize("run", ["", " ", "has space", "a{b}"])
@@ -74,10 +75,10 @@ def test_empty_or_invalid_run_is_an_error(run) -> None:
 
 def test_run_names_the_trainer_and_files_beside_it_by_their_names() -> None:
     child = LogSpec("-", "grpo-7b")
-    specs = _specs(Config(), ["/out/trainer_state.json"], None, "auto", child=child)
+    specs = log_specs(Config(), ["/out/trainer_state.json"], None, "auto", child=child)
     assert [s.run for s in specs] == ["grpo-7b", "trainer_state"]
     with pytest.raises(UsageError, match="cannot be a log here"):
-        _specs(Config(), ["-"], None, "auto", child=child)
+        log_specs(Config(), ["-"], None, "auto", child=child)
 
 
 @pytest.mark.parametrize(("path", "run"), [
@@ -98,7 +99,7 @@ def test_the_default_run_name_is_the_file_name_less_its_last_extension(path: str
 def test_two_dotted_names_stay_apart_without_numbering(tmp_path) -> None:
     """`qwen2.5-7b-grpo.log` and `qwen2.5-7b-dpo.log` were `qwen2-2` and `qwen2-3` (cut at the first dot)."""
     paths = [str(tmp_path / "qwen2.5-7b-grpo.log"), str(tmp_path / "qwen2.5-7b-dpo.log")]
-    specs = _specs(Config(), paths, None, "auto")
+    specs = log_specs(Config(), paths, None, "auto")
     assert [s.run for s in specs] == ["qwen2.5-7b-grpo", "qwen2.5-7b-dpo"]
 
 

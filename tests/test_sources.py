@@ -94,11 +94,11 @@ def test_a_log_path_that_is_not_there_is_said_at_once_and_again_if_it_stays_miss
     (with whether its folder exists), again when it is still missing later, and once more when it appears."""
     import logging
 
-    import exporter.sources.inputs as inputs
+    import exporter.sources.inputs.pending as inputs
     from exporter.config import LogSpec
-    from exporter.sources.inputs import PendingInput
+    from exporter.sources.inputs.pending import PendingInput
 
-    caplog.set_level(logging.INFO, logger="exporter.sources.inputs")
+    caplog.set_level(logging.INFO, logger="exporter.sources.inputs.pending")
     monkeypatch.setattr(inputs, "STILL_WAITING_SECONDS", 0.0)
     path = tmp_path / "no-such-folder" / "trian.log"
     appeared: list[object] = []

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from exporter.gpu.fields import FIELDS, out_of_range
-from exporter.gpu.phase import PhaseConfig, PhaseTracker
+from exporter.gpu.phase import PhaseByGpu, PhaseConfig
 from exporter.gpu.sampler import GpuReading, GpuSnapshot
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class FeedGpuReader:
         self._offset = 0
         self._inode: int | None = None
         self._partial = b""
-        self._phases: dict[str, PhaseTracker] = {}
+        self._phases = PhaseByGpu(self.phase_config, interval_seconds)
         self._errors: Counter[str] = Counter()
         self._lines = 0
         self._last: tuple[float, bool, tuple[GpuReading, ...]] | None = None  # (t, nvml_up, readings)
@@ -215,15 +215,9 @@ class FeedGpuReader:
         self.cuda_devices = cuda
         readings = []
         for g in gpus:
-            phase = None
             values = {a: g[a] for a in VALUE_FIELDS if a in g}
             self._drop_out_of_range(g["gpu"], values)
-            u, p = values.get("utilization_ratio"), values.get("power_watts")
-            if u is not None and p is not None:
-                tracker = self._phases.get(g["uuid"])
-                if tracker is None:
-                    tracker = self._phases[g["uuid"]] = PhaseTracker(self.phase_config, self.interval)
-                phase = tracker.update(t, u, p)
+            phase = self._phases.update(g["uuid"], t, values.get("utilization_ratio"), values.get("power_watts"))
             readings.append(GpuReading(g["gpu"], g["uuid"], g["model"], True, **values, phase=phase))
         self._last = (t, nvml_up, tuple(readings))
         self._arrived = self._clock()

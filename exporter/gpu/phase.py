@@ -157,3 +157,25 @@ class PhaseTracker:
         while self._spans and self._spans[0][0] <= horizon:
             _, old_dt, old_phase = self._spans.popleft()
             self._window_sums[old_phase] -= old_dt
+
+
+class PhaseByGpu:
+    """One PhaseTracker per GPU, by UUID, made at its first reading with both utilization and power: a GPU that
+    comes back (an NVML re-init, a feed's next sample) keeps its windows. The sampler and the feed reader share it."""
+
+    def __init__(self, cfg: PhaseConfig, interval_seconds: float) -> None:
+        self.cfg, self.interval = cfg, interval_seconds
+        self._trackers: dict[str, PhaseTracker] = {}
+
+    def update(self, uuid: str, t: float, utilization: float | None, power: float | None) -> PhaseReading | None:
+        """This poll's phase of the GPU `uuid`; None when the poll lacks utilization or power."""
+        if utilization is None or power is None:
+            return None
+        tracker = self._trackers.get(uuid)
+        if tracker is None:
+            tracker = self._trackers[uuid] = PhaseTracker(self.cfg, self.interval)
+        return tracker.update(t, utilization, power)
+
+    def clear(self) -> None:
+        """Fresh windows for every GPU (the clock stepped back under them)."""
+        self._trackers.clear()

@@ -44,7 +44,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from exporter.gpu.fields import READS, out_of_range
-from exporter.gpu.phase import PhaseConfig, PhaseReading, PhaseTracker
+from exporter.gpu.phase import PhaseByGpu, PhaseConfig, PhaseReading
 from exporter.gpu.visibility import parse_visibility, select_devices, visibility_from_env
 
 log = logging.getLogger(__name__)
@@ -241,7 +241,7 @@ class GpuSampler:
         self._up = False
         self._ever_up = False  # NVML worked here once: its loss is a fault, whatever the machine was given
         self._devices: list[_Device] = []
-        self._phases: dict[str, PhaseTracker] = {}  # by UUID, so a re-init keeps the windows
+        self._phases = PhaseByGpu(cfg.phase, cfg.interval_seconds)  # by UUID, so a re-init keeps the windows
         self._errors: Counter[str] = Counter()
         # Last logged state per key, so that a state logs one line when it changes, not one per poll:
         # "nvml" ("up" or an error kind), "visibility", "gpu0" (a kind while lost) ...
@@ -606,12 +606,7 @@ class GpuSampler:
             self._drop_out_of_range(dev, values)
         utilization, power = values.get("utilization_ratio"), values.get("power_watts")
         throttle = () if bits is None else _throttle_series(bits)
-        phase = None
-        if utilization is not None and power is not None:
-            tracker = self._phases.get(dev.uuid)
-            if tracker is None:
-                tracker = self._phases[dev.uuid] = PhaseTracker(self.config.phase, self.config.interval_seconds)
-            phase = tracker.update(now, utilization, power)
+        phase = self._phases.update(dev.uuid, now, utilization, power)
         slow = dev.slow
         remap = slow.get("remapped_rows")
         return GpuReading(

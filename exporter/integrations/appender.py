@@ -55,3 +55,18 @@ class LineAppender:
         if f is not None:
             with contextlib.suppress(Exception):  # closing a file on a vanished volume fails too: nothing to do
                 f.close()
+
+
+class AppendingWriter:
+    """A writer whose lines go through a LineAppender (`_out`): what it wrote and lost are the appender's."""
+
+    _out: LineAppender
+
+    @property
+    def written(self) -> int:
+        return self._out.written
+
+    @property
+    def lost(self) -> int:
+        """Lines that could not be made or written (a record, a sample)."""
+        return self._out.lost

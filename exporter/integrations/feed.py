@@ -16,7 +16,7 @@ import numbers
 import os
 from collections.abc import Mapping
 
-from exporter.integrations.appender import LineAppender
+from exporter.integrations.appender import AppendingWriter, LineAppender
 from exporter.parsers.training import Training
 
 log = logging.getLogger(__name__)
@@ -54,21 +54,12 @@ def feed_line(step: int, values: Mapping[str, object]) -> str | None:
     return json.dumps({STEP_KEY: int(step), **record}, separators=(", ", ": ")) + "\n"
 
 
-class FeedWriter:
+class FeedWriter(AppendingWriter):
     """Appends feed lines to `path` (its folder made if missing), opened at the first record."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self._out = LineAppender(path, "feed", "record", log)
-
-    @property
-    def written(self) -> int:
-        return self._out.written
-
-    @property
-    def lost(self) -> int:
-        """Records that could not be written."""
-        return self._out.lost
 
     def begin(self, training: Training) -> bool:
         """A training starts: its identity line, before its records."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from exporter.gpu.feed_samples import sample_line
 from exporter.gpu.sampler import GpuSampler, SamplerConfig
-from exporter.integrations.appender import LineAppender
+from exporter.integrations.appender import AppendingWriter, LineAppender
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def cuda_device_count() -> int:
         return 0
 
 
-class GpuFeedWriter:
+class GpuFeedWriter(AppendingWriter):
     """Samples the trainer's GPUs into `path` every `interval_seconds` in a daemon thread (`start`/`stop`)."""
 
     def __init__(self, path: str | os.PathLike[str], interval_seconds: float = 1.0, *, nvml: ModuleType | Any = None,
@@ -69,15 +69,6 @@ class GpuFeedWriter:
         with contextlib.suppress(Exception):
             self.sampler.stop(timeout)
         self._out.close()
-
-    @property
-    def written(self) -> int:
-        return self._out.written
-
-    @property
-    def lost(self) -> int:
-        """Samples that could not be taken or written."""
-        return self._out.lost
 
     def sample_once(self) -> bool:
         """One poll, one line; False when it could not be written. Never raises."""

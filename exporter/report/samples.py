@@ -6,22 +6,12 @@ from __future__ import annotations
 
 import html
 import math
-from dataclasses import dataclass
 
-from exporter.report.verdict import RunVerdict
+from exporter.report.verdict import RunVerdict, SampleView
 from exporter.runstate import RunState
 from exporter.samples.sampleset import Sample
 
 TEXT_WIDTH = 160  # characters of a prompt or completion in the text report (the HTML shows what was kept)
-
-
-@dataclass(frozen=True)
-class SampleView:
-    why: str  # "best step", "first step of PostTrainX", "end"
-    step: int  # the step asked for
-    shown_step: int  # the step whose set is shown (the nearest kept one)
-    source: str
-    rows: tuple[Sample, ...]
 
 
 def sample_views(run: RunState, v: RunVerdict) -> list[SampleView]:

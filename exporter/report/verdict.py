@@ -29,10 +29,10 @@ from exporter.report.digest import RunDigest
 from exporter.runbooks import RUNBOOK_BASE
 from exporter.runstate import RunState
 from exporter.samples.diversity import FORMAT as SAMPLES_FORMAT
+from exporter.samples.sampleset import Sample
 
 if TYPE_CHECKING:
     from exporter.pipeline import IngestStats
-    from exporter.report.samples import SampleView
 
 TREND_POINTS = 50  # the window of the derived trends (windows.size)
 # The verdicts, worst first where a run could be judged at all. not_learning: no page, and the judgment finds the
@@ -177,6 +177,17 @@ class InstrumentRow:
     last: float
     slope: float  # per step, over the last TREND_POINTS points
     direction: int  # 1 rising, -1 falling, 0 flat (against the window's noise)
+
+
+@dataclass(frozen=True)
+class SampleView:
+    """Printed completions the report shows at one step, and why (chosen by report/samples.py)."""
+
+    why: str  # "best step", "first step of PostTrainX", "end"
+    step: int  # the step asked for
+    shown_step: int  # the step whose set is shown (the nearest kept one)
+    source: str
+    rows: tuple[Sample, ...]
 
 
 @dataclass

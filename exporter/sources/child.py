@@ -10,7 +10,7 @@ dropped for parsing only (counted), never for the log.
 
 `CopierFeed` is the exporter's end of that process and a ChunkReader (exporter/sources/base.py): `closed`
 and `poll(timeout) -> list[str]`, so it plugs into the exporter (`Exporter.add_input`) as a stream does.
-`ChildOutput` is the trainer and its copier."""
+`ChildOutput` is the trainer and its copier; its `feed` is what the exporter reads."""
 
 from __future__ import annotations
 
@@ -185,30 +185,10 @@ class ChildOutput:
         finally:
             os.close(out_w)  # the copier sees their end when the trainer (and whatever it started) closes them
             os.close(err_w)
-        self.stats = self.feed.stats
 
     @property
     def pid(self) -> int:
         return self.proc.pid
-
-    @property
-    def bytes_read(self) -> int:
-        return self.feed.bytes_read
-
-    @property
-    def closed(self) -> bool:
-        return self.feed.closed
-
-    @property
-    def behind(self) -> bool:
-        return self.feed.behind
-
-    @property
-    def dropped_bytes(self) -> int:
-        return self.feed.dropped_bytes
-
-    def poll(self, timeout: float = 0.0) -> list[str]:
-        return self.feed.poll(timeout)
 
     def forward(self, signum: int) -> None:
         """Passes a signal we received on to the trainer (once it has exited, there is no one to tell)."""
