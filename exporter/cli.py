@@ -94,9 +94,10 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     r.add_argument("--format", dest="legacy_out_format", choices=REPORT_FORMATS, default=None,
                    help=argparse.SUPPRESS)
     r.add_argument("--out", type=Path, help="write to this file instead of standard output")
-    r.add_argument("--fail-on", choices=FAIL_ON, help="exit 1 when a run has a finding of this severity or worse, "
-                   "else 4 when a run's trainer died (verdict crashed), else 3 when a run has no training record "
-                   "(verdict no_data)")
+    r.add_argument("--fail-on", choices=FAIL_ON, help="exit 1 when a run has a finding of this severity or worse "
+                   "(not_learning: a page), else 4 when a run's trainer died (verdict crashed), else 3 when a run has "
+                   "no training record (verdict no_data), else 5 at not_learning or warning when a run is not "
+                   "learning its task (verdict not_learning)")
     r.add_argument("--runbook-base", default=RUNBOOK_BASE, help="the runbooks' URL the findings link to")
 
     m = sub.add_parser("demo", help="replay a bundled real TRL GRPO log at an accelerated pace and serve /metrics")
