@@ -203,3 +203,21 @@ def test_a_surrogate_loss_jumps_only_beside_a_learning_rate_step() -> None:
     assert p.shape == "discontinuity" and abs(p.step - 200) <= 5
     assert loss_pattern(steps, 2.0 * np.exp(-steps / 400) + rng.normal(0, 0.01, 300), surrogate=False).shape in (
         "declining", "steady")
+
+
+def test_the_live_gauges_carry_the_recommendation_and_the_checkpoint_to_keep(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from exporter.exposition.collector import ExporterCollector
+
+    log = _with_saves(tmp_path, {s: True for s in range(50, 301, 50)})
+    ex = Exporter(Config(), [LogSpec(str(log), "r")])
+    ex.read_to_end()
+    registry = CollectorRegistry()
+    registry.register(ExporterCollector(ex))
+    text = generate_latest(registry).decode()
+    keep = _verdict(log).judgment.keep
+    assert 'posttrain_run_recommendation{recommendation="stop",run="r"} 1.0' in text
+    assert 'posttrain_run_recommendation{recommendation="continue",run="r"} 0.0' in text
+    assert 'posttrain_run_learning{run="r"} 0.0' in text
+    assert f'posttrain_checkpoint_keep_step{{run="r",saved="true"}} {float(keep.step)}' in text

@@ -80,10 +80,40 @@ class ExporterCollector(Collector):
         yield step
         yield finished
         yield crashed
+        yield from self._judgments()
         yield from families.values()
         yield last_step
         yield passthrough
         yield from self._derived()
+
+    def _judgments(self) -> Iterator[Metric]:
+        from exporter.judgment.judge import RECOMMENDATIONS
+        from exporter.report.live import judgment_of  # the judgment is the report's; `dump` never needs it
+
+        rec = GaugeMetricFamily("posttrain_run_recommendation", "The judgment of the run as a whole: 1 for what "
+                                "to do next (continue, stop, stop_now, investigate, not_judged), 0 for the others; "
+                                "/api/v1/verdict says why.", labels=["run", "recommendation"])
+        learning = GaugeMetricFamily("posttrain_run_learning", "1 while the run is learning its task, 0 when the "
+                                     "judgment finds it is not (the verdict not_learning); absent while too early "
+                                     "to say.", labels=["run"])
+        keep = GaugeMetricFamily("posttrain_checkpoint_keep_step", "Step of the checkpoint to keep: the saved one "
+                                 "nearest the run's best step (before its first sign of trouble when it must stop "
+                                 "now), or the best step itself when the log says nothing of what was saved.",
+                                 labels=["run", "saved"])
+        for name, run in self.exporter.runs.items():
+            if not run.trainer_records:
+                continue
+            j = judgment_of(run)
+            for r in RECOMMENDATIONS:
+                rec.add_metric([name, r], 1.0 if r == j.recommendation else 0.0)
+            if j.learning is not None:
+                learning.add_metric([name], 1.0 if j.learning else 0.0)
+            if j.keep is not None:
+                saved = j.keep.step is not None
+                keep.add_metric([name, "true" if saved else "false"], j.keep.step if saved else j.keep.best_step)
+        yield rec
+        yield learning
+        yield keep
 
     def _derived(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from exporter.config import STOP_SEVERITIES, EarlyStopSettings
-from exporter.judgment.judge import judge_run
+from exporter.judgment.judge import Judgment, judge_run
 from exporter.report.verdict import findings, read_summary, step_of, summary_of, unjudged, verdict_of
 from exporter.runstate import RunState
 
@@ -41,6 +41,24 @@ class ActiveFinding:
                 "limit": _finite(self.limit), "summary": self.summary}
 
 
+# One judgment per run and state: a scrape between two records reads the last one (a judgment costs a few ms).
+_JUDGED: dict[int, tuple[RunState, tuple, Judgment]] = {}
+
+
+def judgment_of(run: RunState) -> Judgment:
+    """The run's judgment now (as `report` would make it), computed again only once the run has changed."""
+    key = (sum(run.records.values()), run.step, run.resets, run.finished, run.crash is not None,
+           len(run.checkpoints.saved), len(run.checkpoints.deleted), run.training)
+    got = _JUDGED.get(id(run))
+    if got is not None and got[0] is run and got[1] == key:
+        return got[2]
+    judged = judge_run(run, findings(run), unjudged(run), run.crash)
+    if len(_JUDGED) > 4096:  # runs of exporters long gone (tests, `report` calls)
+        _JUDGED.clear()
+    _JUDGED[id(run)] = (run, key, judged)
+    return judged
+
+
 def active_findings(run: RunState) -> list[ActiveFinding]:
     """The run's detectors that are active now, pages first."""
     out = [ActiveFinding(r.detector.alert, r.detector.name, r.detector.severity, r.sub, r.state.since_step, r.value,
@@ -61,7 +79,7 @@ def run_document(run: RunState, settings: EarlyStopSettings, stats: IngestStats 
     """One run's verdict as /api/v1/verdict gives it: the fields of `posttrain-exporter report --format json` that
     a run has while it runs (run, verdict, step, finished, worst, read, crash), and its active findings."""
     found = findings(run)
-    judged = judge_run(run, found, unjudged(run), run.crash)  # as `report` judges it (one function)
+    judged = judgment_of(run)  # as `report` judges it (one function)
     active = active_findings(run)
     severities = {f.severity for f in found}
     firing = {(f.alert, f.component) for f in active}
