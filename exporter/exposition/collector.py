@@ -87,7 +87,7 @@ class ExporterCollector(Collector):
         yield from self._derived()
 
     def _judgments(self) -> Iterator[Metric]:
-        from exporter.judgment.judge import RECOMMENDATIONS
+        from exporter.judgment.story import RECOMMENDATIONS
         from exporter.report.live import judgment_of  # the judgment is the report's; `dump` never needs it
 
         rec = GaugeMetricFamily("posttrain_run_recommendation", "The judgment of the run as a whole: 1 for what "

@@ -1,0 +1,183 @@
+"""Each aspect of a run in one sentence, as a practitioner says it, and the story lines of its course and notes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from exporter.judgment.course import Course, change_over
+from exporter.judgment.loss import LossPattern
+from exporter.judgment.measure import MARGIN, REWARD, arrays
+from exporter.judgment.signal import Component, TiedGroups, edge_levels
+from exporter.judgment.story import COURSE, NOTE, SIGN, STOP, STOP_NOW, Event, FindingLike
+from exporter.runstate import RunState, SeriesKey
+
+KL_RISE_RATIO, KL_RISE_MIN = 1.5, 0.05  # KL rising over the recent third: 1.5x its level there, and by 0.05
+MAX_NOTES = 5
+KL: SeriesKey = ("kl", None)
+LENGTH: SeriesKey = ("completion_length", "mean")
+TRUNCATED: SeriesKey = ("completion_truncated", None)
+ENTROPY: SeriesKey = ("entropy", None)
+TOP_SHARE: SeriesKey = ("completion_diversity", "top_share")
+
+
+def fmt(v: float) -> str:
+    return f"{v:.3g}" if math.isfinite(v) else str(v)
+
+
+def pct(v: float) -> str:
+    return f"{100 * v:.0f}%"
+
+
+def level(v: float, what: str) -> float:
+    return -v if what == "loss" else v
+
+
+def trajectory_text(c: Course, what: str) -> str:
+    if c.shape == "short":
+        return f"too early to say where the {what} is going: {c.points} logged steps"
+    a, b, p, last = (fmt(level(x, what)) for x in (c.start, c.peak, c.peak, c.last))
+    verb = "fell" if what == "loss" else "rose"
+    if c.shape == "rising":
+        return f"the {what} is still improving: {verb} from {a} to {last} (smoothed), no plateau yet"
+    if c.shape == "slowing":
+        return f"the {what} is still improving but more slowly: {verb} from {a} to {last}, its rate falling"
+    if c.shape == "plateau":
+        return (f"the {what} {verb} from {a} to {b} and has been flat since step {c.since_step} (at {last}): "
+                "converged")
+    if c.shape == "peaked":
+        return (f"the {what} peaked at {p} at step {c.peak_step} and has declined since step {c.since_step} "
+                f"(now {last})")
+    if c.shape == "falling":
+        return f"the {what} never improved: it went from {a} to {last}"
+    return (f"no trend in the {what} through its noise: {a} at the start, {last} at the end, within "
+            f"{fmt(c.real)} of each other")
+
+
+def course_events(c: Course, what: str) -> list[Event]:
+    if c.shape == "plateau" and c.since_step is not None:
+        return [Event(c.since_step, f"the {what} stopped improving (flat from here at "
+                                    f"{fmt(level(c.last, what))})", COURSE)]
+    if c.shape == "peaked" and c.since_step is not None:
+        return [Event(c.peak_step, f"the {what} peaked ({fmt(level(c.peak, what))})", COURSE),
+                Event(c.since_step, f"the {what} declined clearly below its peak (now {fmt(level(c.last, what))})",
+                      SIGN, STOP_NOW, reason=f"the {what} peaked at step {c.peak_step} and is declining: the model "
+                                             "was better earlier")]
+    if c.shape in ("no_trend", "falling"):
+        return [Event(c.start_step, f"the {what} shows no improvement from the start"
+                                    + (" (falling)" if c.shape == "falling" else " (no trend through the noise)"),
+                      SIGN, STOP, reason=f"the {what} never improved: the task is not being learnt")]
+    return []
+
+
+def signal_text(tied: TiedGroups | None, components: list[Component]) -> str:
+    parts = []
+    if tied is not None:
+        s = f"{pct(tied.start)} of groups tie at the start, {pct(tied.end)} at the end"
+        if tied.most_since is not None:
+            s += f" (half or more from step {tied.most_since}: they give no advantage)"
+        parts.append(s)
+    for c in components:
+        if c.silent:
+            parts.append(f"{c.name} never fired (0 on {c.points - c.fired} of {c.points} logged steps)")
+        elif c.at_ceiling:
+            parts.append(f"{c.name} was near its ceiling from the start ({fmt(c.start)} -> {fmt(c.end)}, highest "
+                         f"{fmt(c.peak)})")
+        elif c.moved:
+            parts.append(f"{c.name} moved ({fmt(c.start)} -> {fmt(c.end)})")
+        else:
+            parts.append(f"{c.name} did not move ({fmt(c.start)} -> {fmt(c.end)})")
+    return "; ".join(parts)
+
+
+def kl_relation(run: RunState, course: Course | None) -> str:
+    kl = arrays(run, KL)
+    if kl is None or len(kl[0]) < 20 or course is None or course.shape == "short":
+        return ""
+    steps, values = kl
+    third = max(5, len(values) // 3)
+    before, after, _ = change_over(values, third, robust=True)
+    rising = after >= KL_RISE_RATIO * before and after - before >= KL_RISE_MIN
+    falling = before >= KL_RISE_RATIO * after and before - after >= KL_RISE_MIN
+    reward = arrays(run, REWARD) or arrays(run, MARGIN)
+    r_dir = 0
+    if reward is not None and len(reward[0]) >= 20:
+        r_before, r_after, r_se = change_over(reward[1], max(5, len(reward[1]) // 3))
+        r_dir = 1 if r_after - r_before > 3 * r_se else -1 if r_before - r_after > 3 * r_se else 0
+    since = int(steps[max(0, len(steps) - 1 - third)])
+    k = "rising" if rising else "falling" if falling else "stable"
+    name = {("rising", 1): "changing and improving (healthy)",
+            ("rising", 0): "drifting without gain: the run has run its course",
+            ("rising", -1): "destructive: worse and further from the reference",
+            ("stable", 1): "improving without drifting (ideal)",
+            ("stable", 0): "converged: neither moves",
+            ("stable", -1): "the reward falls without drift",
+            ("falling", 1): "the KL falls while the reward rises",
+            ("falling", 0): "the KL falls, the reward is flat",
+            ("falling", -1): "both fall"}[k, r_dir]
+    top = int(np.argmax(values))
+    return (f"since step {since}: KL {k} ({fmt(before)} -> {fmt(after)}), reward "
+            f"{'rising' if r_dir > 0 else 'falling' if r_dir < 0 else 'flat'}: {name}; KL highest {fmt(values[top])}"
+            f" (smoothed over its bucket) at step {int(steps[top])}")
+
+
+def loss_text(p: LossPattern, what: str) -> str:
+    surrogate = what in ("reward", "reward margin")
+    if p.shape == "short":
+        return "too few logged steps to read the loss"
+    if p.shape == "discontinuity":
+        return (f"a discontinuity at step {p.step}: its size went from {fmt(p.before)} to {fmt(p.after)} "
+                "(investigate: a learning-rate step, a data shift, an update blowing up)")
+    if p.shape == "oscillating":
+        return ("oscillating around zero with no direction" + (
+            " (a policy-gradient surrogate: expected while the reward moves, noise if it does not)" if surrogate
+            else ""))
+    return {"steady": "steady", "declining": "steadily declining", "rising": "rising"}[p.shape] + (
+        " (a surrogate objective: not a progress measure)" if surrogate else "")
+
+
+def writing_text(run: RunState) -> str:
+    parts = []
+    for key, name, unit in ((LENGTH, "completion length", " tokens"), (ENTROPY, "entropy", ""),
+                            (TRUNCATED, "truncated completions", ""), (TOP_SHARE, "rows that are the most common "
+                                                                                   "completion", "")):
+        got = arrays(run, key)
+        if got is None or len(got[1]) < 10:
+            continue
+        a, b = edge_levels(got[1])
+        if unit or name == "entropy":
+            change = f" ({(b / a - 1) * 100:+.0f}%)" if a else ""
+            parts.append(f"{name} {fmt(a)} -> {fmt(b)}{unit}{change}")
+        else:
+            parts.append(f"{name} {pct(a)} -> {pct(b)}")
+    return "; ".join(parts)
+
+
+def spike_notes(run: RunState, found: Sequence[FindingLike]) -> list[Event]:
+    """Single steps past the KL stop threshold that no KL page covered (it needs the level held): their step and
+    value, the highest first, at most MAX_NOTES."""
+    t = run.trajectories.get(KL)
+    if t is None or not len(t):
+        return []
+    limit = run.settings.thresholds.kl_critical
+    paged = any(f.detector == "kl_critical" for f in found)
+    steps, peaks = t.peaks()
+    over = np.flatnonzero(peaks > limit)
+    if paged or not len(over):
+        return []
+    spikes: list[tuple[int, int, float]] = []  # (first step, last step, highest): adjacent buckets are one spike
+    for i in over.tolist():
+        if spikes and i - 1 in over and spikes[-1][1] == int(steps[i - 1]):
+            a, _, top = spikes[-1]
+            spikes[-1] = (a, int(steps[i]), max(top, float(peaks[i])))
+        else:
+            spikes.append((int(steps[i]), int(steps[i]), float(peaks[i])))
+    chosen = sorted(sorted(spikes, key=lambda s: -s[2])[:MAX_NOTES])
+    out = [Event(a, f"KL spiked to {fmt(top)} at step {a}" + (f"-{b}" if b != a else "")
+                 + f" (past the {fmt(limit)} stop threshold) and came back: no page, which needs the level held",
+                 NOTE) for a, b, top in chosen]
+    if len(spikes) > MAX_NOTES:
+        out.append(Event(chosen[-1][0], f"{len(spikes) - MAX_NOTES} more such KL spikes", NOTE))
+    return out
