@@ -88,7 +88,7 @@ class ExporterCollector(Collector):
 
     def _judgments(self) -> Iterator[Metric]:
         from exporter.judgment.story import RECOMMENDATIONS
-        from exporter.report.live import judgment_of  # the judgment is the report's; `dump` never needs it
+        from exporter.report.live import judgment_of  # loaded at the first scrape, not at start-up
 
         rec = GaugeMetricFamily("posttrain_run_recommendation", "The judgment of the run as a whole: 1 for what "
                                 "to do next (continue, stop, stop_now, investigate, not_judged), 0 for the others; "
