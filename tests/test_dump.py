@@ -122,7 +122,8 @@ import contextlib, io, sys
 from exporter import cli
 with contextlib.redirect_stdout(io.TextIOWrapper(io.BytesIO())):
     cli.main(["dump", "--no-gpu", *sys.argv[1:]])
-print(" ".join(sorted(m for m in ("yaml", "exporter.report.text", "exporter.report.html", "exporter.alerting.rules") if m in sys.modules)))
+watched = ("yaml", "exporter.report.text", "exporter.report.html", "exporter.alerting.rules")
+print(" ".join(sorted(m for m in watched if m in sys.modules)))
 """
 
 
