@@ -127,6 +127,7 @@ def _run_exporter(args: argparse.Namespace, child, ended: threading.Event, side:
         exporter = Exporter(cfg, specs[1:], Launch(child_spec.run, token))  # the feed of this launch: one run
         exporter.stop_signal = stop_signal(cfg)
         exporter.add_input(child_spec, child.feed, first=True)
+        exporter.supervise(child_spec.run)
         gpu = gpu_service(cfg, args.no_gpu)
         return exporter, Listener(exporter, listen, gpu, web, retry=True), gpu, child_spec, cfg
 
