@@ -38,6 +38,7 @@ STEP_DISAGREEMENT_REASONS = ("epoch", "cut_line", "late_redraw", "stale_redraw",
 # A record from a longer line may hold many or long keys: the run's limits are applied before it waits
 # for its step or its batch, so that waiting records stay small.
 _WIDE_LINE = 16 * 1024
+_NEXT_DRAW = object()  # the count a sign's bar moves on from is the next draw's (a record waits for it)
 
 
 class IngestStats:
@@ -135,7 +136,7 @@ class ConsoleStream:
         # A sign was read and no output of the trainer's own has followed yet; the training bar's count then (a redraw
         # at that count, as tqdm draws once more at exit, is no sign of life)
         self._sign_pending = False
-        self._sign_bar: int | None = None
+        self._sign_bar: int | object | None = None
         self.clock.sources = stats.step_sources  # where each record's step came from, counted for the run
         self.last_data = time.monotonic()
         self._waiting_since: float | None = None  # when records began to wait for a progress-bar redraw
@@ -454,7 +455,9 @@ class ConsoleStream:
                                  "posttrain_reward_function_errors_total", failure.text)
             return
         self.run.failed(failure, self.clock.waiting_records() + (not self.postfixes.idle))
-        self._sign_pending, self._sign_bar = True, self.clock.bar_count
+        # a record waiting for its redraw takes the next one: the count to move on from is that one's
+        self._sign_pending = True
+        self._sign_bar = _NEXT_DRAW if self.clock.waiting_records() else self.clock.bar_count
         if failure.said and self.stats.first_time("failure"):
             where = f"after step {self.run.step}" if self.run.step >= 0 else "before its first step"
             log.warning("run %s: the trainer's output shows a failure (%s) %s: %.200s; the run is judged crashed "
@@ -462,7 +465,9 @@ class ConsoleStream:
 
     def _bar_moved(self) -> None:
         """The training bar drew since the sign: at another count, the trainer lived on."""
-        if self.clock.bar_count != self._sign_bar:
+        if self._sign_bar is _NEXT_DRAW:
+            self._sign_bar = self.clock.bar_count
+        elif self.clock.bar_count != self._sign_bar:
             self._lived_on()
 
     def _sign_of_life(self, text: str) -> None:

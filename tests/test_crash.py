@@ -5,6 +5,7 @@ written here (the shapes torch, torchrun, Ray and bash print)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -353,11 +354,12 @@ def test_a_reward_functions_traceback_is_no_crash_and_is_counted(tmp_path, print
     log ends there or goes on, and the reward function's failures are counted with their last reason."""
     text = LOG.read_text(encoding="utf-8")
     reason = printed.rstrip("\n").rsplit("\n", 1)[1]
+    assert _judge(tmp_path, _after_record(text, 30, "", rest=0), "cut.log").verdict == "healthy"
     at_end = _judge(tmp_path, _after_record(text, 30, printed, rest=0))
     assert at_end.verdict == "healthy" and at_end.crash is None, at_end.crash
     assert (at_end.reward_function_errors, at_end.reward_function_error) == (1, reason)
     twice = _judge(tmp_path, _after_record(_after_record(text, 60, printed), 30, printed), "twice.log")
-    assert twice.verdict == "healthy" and twice.reward_function_errors == 2
+    assert twice.verdict == LOG_VERDICT and twice.crash is None and twice.reward_function_errors == 2
 
 
 def test_the_report_says_the_reward_function_is_failing(tmp_path) -> None:
@@ -390,33 +392,35 @@ def test_a_traceback_with_a_frame_of_the_trainers_own_is_still_a_sign(tmp_path) 
     assert v.reward_function_errors == 0
 
 
-def _bars_after(text: str, n: int) -> str:
-    """The two progress-bar draws that follow the n-th training record in the log: its own redraw (the same count)
-    and the next step's."""
+def _bars_after(text: str, n: int) -> tuple[str, str]:
+    """The two progress-bar draws that follow the n-th training record in the log: its own redraw (the count that
+    gives its step) and the next step's."""
     at = _train_lines(text)[n - 1]
-    first = text.index("it/s]", at) + len("it/s]")
-    second = text.index("it/s]", first) + len("it/s]")
-    assert "{" not in text[at:second], text[at:second]
-    return text[at:first] + text[first:second] + "\n"
+    own = text.index("it/s]", at) + len("it/s]")
+    following = text.index("it/s]", own) + len("it/s]")
+    assert "{" not in text[at:following], text[at:following]
+    return text[at:own] + "\n", text[own:following] + "\n"
 
 
 @pytest.mark.parametrize("sign", ["Killed\n", "Segmentation fault (core dumped)\n", OOM])
 def test_a_sign_the_trainers_own_output_follows_is_no_crash(tmp_path, sign: str) -> None:
     """What the model writes, printed by the reward function (`Killed`), then the trainer's own output with no record
-    yet (its bar moves on to the next step; or it logs a checkpoint save): the trainer lived on. Only the bar's
-    redraw at the count it had (as tqdm draws it once more at exit) is no sign of life."""
+    yet (its bar moves on to the next step; or it logs a checkpoint save or a line): the trainer lived on. A redraw
+    of the bar at the count it had (as tqdm draws it once more at exit), or the redraw a record printed before the
+    sign was waiting for, is no sign of life."""
     text = LOG.read_text(encoding="utf-8")
-    bars = _bars_after(text, 30)
-    moved = _judge(tmp_path, _after_record(text, 30, sign, rest=0) + bars)
-    assert moved.verdict == "healthy" and moved.crash is None, moved.crash
-    saved = _judge(tmp_path, _after_record(text, 30, sign, rest=0)
-                   + "Saving model checkpoint to /out/checkpoint-30\n", "saved.log")
-    assert saved.verdict == "healthy" and saved.crash is None, saved.crash
-    logged = _judge(tmp_path, _after_record(text, 30, sign, rest=0)
-                    + "INFO:trl.trainer.grpo_trainer:syncing weights to vLLM\n", "logged.log")
-    assert logged.verdict == "healthy" and logged.crash is None, logged.crash
-    same = _judge(tmp_path, _after_record(text, 30, sign, rest=0) + bars[:bars.index("it/s]") + 5] + "\n", "same.log")
-    assert same.verdict == "crashed", same.crash
+    own, following = _bars_after(text, 30)
+    drawn = _after_record(text, 30, own + sign, rest=0)  # record 30, its bar's redraw, then the sign
+    for tail in (following, "Saving model checkpoint to /out/checkpoint-30\n",
+                 "INFO:trl.trainer.grpo_trainer:syncing weights to vLLM\n"):
+        v = _judge(tmp_path, drawn + tail)
+        assert v.verdict != "crashed" and v.crash is None, (tail, v.crash)
+    before_redraw = _judge(tmp_path, _after_record(text, 30, sign, rest=0) + own + following)
+    assert before_redraw.verdict != "crashed" and before_redraw.crash is None, before_redraw.crash
+    for dead in (drawn + own, _after_record(text, 30, sign, rest=0) + own,
+                 drawn + "wandb: Find logs at: wandb/run-2026/logs\n"):
+        v = _judge(tmp_path, dead)
+        assert v.verdict == "crashed", dead[-200:]
 
 
 def _follow(path) -> Exporter:
@@ -442,7 +446,7 @@ def test_live_a_sign_is_a_crash_only_once_the_trainer_stayed_silent_longer_than_
     late = run.crash_at(now + run.usual_silence() + 1)
     assert late is not None and late.kind == "killed"
     with path.open("a", encoding="utf-8") as f:
-        f.write(_bars_after(text, 30))
+        f.write("".join(_bars_after(text, 30)))
     ex.poll_once()
     assert run.crash_at(now + run.usual_silence() + 1) is None  # it lived on
 
@@ -459,13 +463,38 @@ def test_live_a_sign_in_a_log_last_written_long_ago_is_a_crash_at_once(tmp_path)
     assert ex.runs["r"].crash is not None and ex.verdict()["runs"][0]["verdict"] == "crashed"
 
 
+def _verdict_of(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/verdict", timeout=5) as r:
+        return json.load(r)["runs"][0]
+
+
 def test_under_run_a_sign_counts_only_at_the_trainers_exit(tmp_path) -> None:
     """`run`: the trainer prints 30 records, a lone `Killed` (what its model wrote), and stays silent for a while
     (a checkpoint save) before it goes on: no crash meanwhile, and none at its exit with status 0."""
     text = LOG.read_text(encoding="utf-8")
     (tmp_path / "a.log").write_text(_after_record(text, 30, "Killed\n", rest=0), encoding="utf-8")
     (tmp_path / "b.log").write_text(text[_train_lines(text)[29]:], encoding="utf-8")
-    paused = tmp_path / "paused"
-    doc = _linger_verdict(["sh", "-c", f"cat {tmp_path / 'a.log'}; touch {paused}; sleep 4; cat {tmp_path / 'b.log'}"],
-                          lambda d: paused.exists() and time.time() - paused.stat().st_mtime > 1.5)
-    assert doc["crash"] is None and doc["verdict"] != "crashed", doc
+    paused, done = tmp_path / "paused", tmp_path / "done"
+    port = free_port()
+    p = subprocess.Popen(exporter_cmd("--log-level", "error", "run", "--no-gpu", "--linger", "30",
+                                      "--web.listen-address", f"127.0.0.1:{port}", "--", "sh", "-c",
+                                      f"cat {tmp_path / 'a.log'}; touch {paused}; sleep 4; cat {tmp_path / 'b.log'}; "
+                                      f"touch {done}"),
+                         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        during: dict = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not done.exists():
+            if paused.exists() and time.time() - paused.stat().st_mtime > 1.5 and not during:
+                with contextlib.suppress(OSError):
+                    during = _verdict_of(port)
+            time.sleep(0.2)
+        assert during.get("step", 0) >= 29 and during["crash"] is None and during["verdict"] != "crashed", during
+        time.sleep(2)  # the trainer exited with 0; `run` lingers
+        after = _verdict_of(port)
+        assert after["crash"] is None and after["verdict"] != "crashed", after
+        p.terminate()
+        p.communicate(timeout=20)
+    finally:
+        p.kill()
+    assert p.returncode == 0
