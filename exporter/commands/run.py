@@ -143,7 +143,7 @@ def _run_exporter(args: argparse.Namespace, child, ended: threading.Event, side:
         side["gpu"] = gpu
         gpu.start()
     log.info("run: the trainer's output read as run %s", child_spec.run)
-    lower_this_thread()  # parsing takes the CPU the trainer leaves
+    lower_this_thread(child.pid)  # parsing takes the CPU the trainer leaves
     interval = min(cfg.poll_interval_seconds, 0.25)
     failures = 0
     while True:
