@@ -81,6 +81,11 @@ class Exporter:
             due = signal.due(self.runs.values())
         signal.write(due)
 
+    def supervise(self, run: str) -> None:
+        """`run`: the run's trainer is our child, so its exit, not a silence, says that it stopped
+        (RunState.crash_at)."""
+        self.run_state(run).supervised = True
+
     def trainer_exited(self, run: str, status: int) -> None:
         """`run`: the trainer exited with `status` (as a shell gives it); its run's verdict takes it (RunState.crash:
         non-zero is a crash)."""

@@ -13,7 +13,7 @@ from exporter.console.steps import StepClock
 from exporter.parsers import fastpath
 from exporter.parsers.chain import LineParserChain
 from exporter.parsers.checkpoints import checkpoint_event
-from exporter.parsers.failures import Failure, FailureWatch
+from exporter.parsers.failures import Failure, FailureWatch, trainer_log_line
 from exporter.parsers.record import ParseError, Record
 from exporter.runstate import RunState
 from exporter.samples.diversity import diversity_record
@@ -38,6 +38,7 @@ STEP_DISAGREEMENT_REASONS = ("epoch", "cut_line", "late_redraw", "stale_redraw",
 # A record from a longer line may hold many or long keys: the run's limits are applied before it waits
 # for its step or its batch, so that waiting records stay small.
 _WIDE_LINE = 16 * 1024
+_NEXT_DRAW = object()  # the count a sign's bar moves on from is the next draw's (a record waits for it)
 
 
 class IngestStats:
@@ -132,6 +133,10 @@ class ConsoleStream:
         self.samples = SampleReader(self.stats.lines_dropped)
         self.postfixes = PostfixReader(stats.lines, accumulation)  # metrics in bar postfixes (console/postfix.py)
         self.failures = FailureWatch()  # signs that the trainer died, in lines that are no record
+        # A sign was read and no output of the trainer's own has followed yet; the training bar's count then (a redraw
+        # at that count, as tqdm draws once more at exit, is no sign of life)
+        self._sign_pending = False
+        self._sign_bar: int | object | None = None
         self.clock.sources = stats.step_sources  # where each record's step came from, counted for the run
         self.last_data = time.monotonic()
         self._waiting_since: float | None = None  # when records began to wait for a progress-bar redraw
@@ -153,6 +158,7 @@ class ConsoleStream:
         self._release_postfix()
         self.samples.finish()
         self._no_records_after_bars()
+        self.run.stream_ended()  # a sign with nothing of the trainer's after it is judged as at the output's end
 
     def settle(self, wait_seconds: float) -> None:
         """Called at every poll: when the stream has been quiet this long, or records have waited this
@@ -175,6 +181,8 @@ class ConsoleStream:
         released = self.clock.bar(n, total, description)
         if released:
             self._ingest(released)
+        if self._sign_pending:
+            self._bar_moved()
 
     def clear(self) -> None:
         self.clock.clear()
@@ -205,6 +213,8 @@ class ConsoleStream:
                     self._ingest(clock.record(rec))
         if not_training:
             self.stats.lines[POSTFIX_FORMAT, "not_training"] += not_training
+        if self._sign_pending:
+            self._bar_moved()
 
     def _release_postfix(self) -> None:
         """The postfix record waiting for its bar's next draw, when none is coming (the stream ended or went quiet)."""
@@ -272,6 +282,8 @@ class ConsoleStream:
                 failure = self.failures.line(text)
                 if failure is not None:
                     self._failed(failure)
+                elif self._sign_pending:
+                    self._sign_of_life(text)
                 self._saved(text)
             return
         if rec.step is not None and self.samples.waiting:
@@ -334,6 +346,8 @@ class ConsoleStream:
                         run.ingest_many(stepped)
                         stepped = []
                         self._failed(failure)
+                    elif self._sign_pending:
+                        self._sign_of_life(text)
                     self._saved(text)
                 continue
             if rec.step is not None and self.samples.waiting:
@@ -430,12 +444,41 @@ class ConsoleStream:
     def _failed(self, failure: Failure) -> None:
         """A sign that the trainer died: the run told, with the trainer's records read before it that still wait
         for their step (a bar's redraw, a postfix's next draw); said once per run, once its text says what
-        happened."""
+        happened. A traceback that turned out to be the reward function's (all its frames outside the trainer's
+        process) is counted as such instead, and said once."""
+        if failure.kind == "reward_function":
+            self.run.reward_function_failed(failure)
+            self._sign_pending = self.run.failure is not None
+            self.stats.warn_once(self.run.name, ("reward_function",), "the reward function is failing (a traceback "
+                                 "whose frames are all outside the trainer's process: %.200s); no sign that the "
+                                 "trainer died; further ones are only counted in "
+                                 "posttrain_reward_function_errors_total", failure.text)
+            return
         self.run.failed(failure, self.clock.waiting_records() + (not self.postfixes.idle))
+        # a record waiting for its redraw takes the next one: the count to move on from is that one's
+        self._sign_pending = True
+        self._sign_bar = _NEXT_DRAW if self.clock.waiting_records() else self.clock.bar_count
         if failure.said and self.stats.first_time("failure"):
             where = f"after step {self.run.step}" if self.run.step >= 0 else "before its first step"
             log.warning("run %s: the trainer's output shows a failure (%s) %s: %.200s; the run is judged crashed "
-                        "unless training records follow", self.run.name, failure.kind, where, failure.text)
+                        "unless the trainer's own output goes on", self.run.name, failure.kind, where, failure.text)
+
+    def _bar_moved(self) -> None:
+        """The training bar drew since the sign: at another count, the trainer lived on."""
+        if self._sign_bar is _NEXT_DRAW:
+            self._sign_bar = self.clock.bar_count
+        elif self.clock.bar_count != self._sign_bar:
+            self._lived_on()
+
+    def _sign_of_life(self, text: str) -> None:
+        """A line after the sign that no metric parser took: the trainer's own log line or checkpoint save says it
+        lived on; anything else (what the model wrote, a launcher's error lines) does not."""
+        if trainer_log_line(text) or checkpoint_event(text) is not None:
+            self._lived_on()
+
+    def _lived_on(self) -> None:
+        self._sign_pending = False
+        self.run.lived_on()
 
     def _refused_bar(self, total: str, training_total: str, count: int) -> None:
         self.stats.warn_once(self.run.name, ("refused_bar",), "training records take fallback steps after step %d "

@@ -64,6 +64,12 @@ class RunLimits:
     max_line_length: int = field(default=MAX_LINE_LENGTH, metadata={"minimum": 4095})
 
 
+# A sign that the trainer died counts, where no exit says it (a file, a stream), once the trainer's output has been
+# silent since for longer than this and than this many times its mean interval between records (RunState.crash_at).
+SIGN_SILENCE_SECONDS = 60.0
+SIGN_SILENCE_INTERVALS = 5
+
+
 @dataclass
 class RunState:
     name: str
@@ -89,11 +95,19 @@ class RunState:
     nonfinite: Counter[SeriesKey] = field(default_factory=Counter)  # NaN/inf values, by series
     samples: SampleStore = field(default_factory=SampleStore)  # printed completions, a few per step (report only)
     # The last sign in the log that the trainer died (parsers/failures.py), and the count of the trainer's records
-    # (training and end summary) that had reached or were on their way to the run then: a record beyond it means
-    # the trainer lived on (see `crash`).
+    # (of every kind) that had reached or were on their way to the run then: a record beyond it means the trainer
+    # lived on (see `crash_at`).
     failure: Failure | None = None
     _failure_mark: int = field(init=False, default=0, repr=False)
+    failure_time: float = 0.0  # when the sign was written (read, or its file's modification time if earlier)
+    _before_failure: tuple[Failure | None, int, float] = field(init=False, default=(None, 0, 0.0), repr=False)
     exit_status: int | None = None  # `run`: the trainer's exit status, as a shell gives it, once it exited
+    supervised: bool = False  # `run`: the trainer is our child, so its exit (not a silence) says it stopped
+    output_ended: bool = False  # a stream of the run ended (dump and report read to the end; stdin closed)
+    longest_gap: float = 0.0  # seconds: the longest the run has gone without a record so far (and lived on)
+    # tracebacks of code outside the trainer's process (parsers/failures.py): the reward function is failing
+    reward_function_errors: int = 0
+    reward_function_error: str | None = None  # the last one's exception line
     # the checkpoints its output says were saved and deleted (parsers/checkpoints.py): the one to keep must exist
     checkpoints: SavedCheckpoints = field(default_factory=SavedCheckpoints.empty)
     derived: DerivedState = field(init=False)
@@ -119,8 +133,28 @@ class RunState:
     def failed(self, failure: Failure, on_their_way: int = 0) -> None:
         """A sign that the trainer died, seen after its records so far and `on_their_way` more (read before the
         sign, waiting for their step)."""
+        if failure is not self.failure:  # a traceback is told at its start and again at its exception line
+            self._before_failure = (self.failure, self._failure_mark, self.failure_time)
         self.failure = failure
-        self._failure_mark = self._trainer_and_summary() + on_their_way
+        self._failure_mark = self._trainer_output() + on_their_way
+        self.failure_time = time.time()
+
+    def reward_function_failed(self, failure: Failure) -> None:
+        """A traceback of code outside the trainer's process (the reward function's sandbox or subprocess): counted,
+        and no sign; where it was taken for one as it began (failed()), the sign before it stands again."""
+        self.reward_function_errors += 1
+        self.reward_function_error = failure.text
+        if self.failure is failure:
+            self.failure, self._failure_mark, self.failure_time = self._before_failure
+
+    def stream_ended(self) -> None:
+        """A console stream of the run ended: its last sign, with nothing of the trainer's after, is judged now."""
+        self.output_ended = True
+
+    def lived_on(self) -> None:
+        """The trainer's own output after its last sign (its bar moved on, it logged a line or a checkpoint): no
+        sign stands."""
+        self.failure = None
 
     def saved(self, event: CheckpointEvent) -> None:
         self.checkpoints.take(event)
@@ -132,24 +166,55 @@ class RunState:
         if self.last_record_time > t:
             self.last_record_time = t
             self.first_record_time = min(self.first_record_time, t)
+        if self.failure_time > t:  # the sign too: a trainer that died two days ago has been silent since
+            self.failure_time = t
 
     @property
     def crash(self) -> Failure | None:
-        """Why the run is judged crashed, or None. Where `run` saw the trainer exit non-zero (a signal it forwarded
-        is no crash: the exit status is not taken then), that is a crash, with the log's last sign as the reason
-        when there is one. Else the log's last sign, unless a training record or the end summary came after it; a
-        sign after the end summary is none either (the training ended; an exit handler's or a thread's traceback).
-        Status 0 clears nothing: a wrapper script that swallows the trainer's status is common."""
-        failed = self.failure is not None and not self.finished and self._trainer_and_summary() <= self._failure_mark
+        """crash_at(now), or as at the end of the trainer's output once a stream of the run ended."""
+        return self.crash_at(None if self.output_ended else time.time())
+
+    def crash_at(self, now: float | None) -> Failure | None:
+        """Why the run is judged crashed at `now` (None: at the end of its output, as a finished log is read), or
+        None. A sign counts only when the trainer's output shows it stopped: no record of any kind, bar that moved
+        on, log line or checkpoint of the trainer's after it (the pipeline clears it then: lived_on), no end summary
+        before it, and then, under `run`, the trainer exited (non-zero is a crash by itself, with the sign as the
+        reason; status 0 clears nothing: a wrapper script that swallows the trainer's status is common; a signal
+        `run` forwarded is no crash, its status is not taken); elsewhere, its output ended or has been silent since
+        the sign for longer than the run's usual silence (usual_silence)."""
+        failed = self.failure is not None and not self.finished and self._trainer_output() <= self._failure_mark
         if self.exit_status:
             said = exit_text(self.exit_status)
             if failed:
                 said += f"; its output ended in: {self.failure.text}"  # type: ignore[union-attr]
             return Failure("exit_status", said)
-        return self.failure if failed else None
+        if not failed:
+            return None
+        if self.supervised:
+            return self.failure if self.exit_status is not None else None
+        if now is None or now - self.failure_time > self.usual_silence():
+            return self.failure
+        return None
 
-    def _trainer_and_summary(self) -> int:
-        return self.trainer_records + self.records[RecordKind.SUMMARY]
+    def usual_silence(self) -> float:
+        """Seconds of silence after a sign that a living trainer of this run's pace may well keep (a checkpoint
+        save, an evaluation): SIGN_SILENCE_SECONDS, SIGN_SILENCE_INTERVALS times its mean interval between records,
+        and twice its longest silence so far, whichever is longest."""
+        n = sum(self.records.values())
+        mean = (self.last_record_time - self.first_record_time) / (n - 1) if n > 1 else 0.0
+        return max(SIGN_SILENCE_SECONDS, SIGN_SILENCE_INTERVALS * mean, 2 * self.longest_gap)
+
+    def _trainer_output(self) -> int:
+        """The records that reached the run so far, of every kind: each is the trainer's output."""
+        return sum(self.records.values())
+
+    def _recorded(self) -> None:
+        """Records came now: the run's pace (stale) and its longest silence so far between them (usual_silence)."""
+        now = time.time()
+        if self.last_record_time:
+            self.longest_gap = max(self.longest_gap, now - self.last_record_time)
+        self.last_record_time = now
+        self.first_record_time = self.first_record_time or now
 
     def _new_judgment(self) -> None:
         self.derived = DerivedState(self.settings, {n: i.label for n, i in INSTRUMENTS.items()})
@@ -175,8 +240,7 @@ class RunState:
             # counted here, by the run that takes it: a console stream's run may be a wrapper (launch.py), and a
             # counter set on it would never reach this run
             self.sample_records += 1
-        self.last_record_time = time.time()
-        self.first_record_time = self.first_record_time or self.last_record_time
+        self._recorded()
         if rec.skipped:
             self._skip_values(rec.skipped)
         if rec.kind is RecordKind.TRAIN:
@@ -231,8 +295,7 @@ class RunState:
             self.step, self.finished = last, False
         if taken:
             self.records[train] += taken
-        self.last_record_time = time.time()
-        self.first_record_time = self.first_record_time or self.last_record_time
+        self._recorded()
 
     def _take_all(self, recs: list[Record]) -> bool:
         """ingest_many's loop in C-level passes, when every record is one it takes without a call (training,
@@ -255,8 +318,7 @@ class RunState:
             i = j
         self.step, self.finished = steps[-1], False
         self.records[RecordKind.TRAIN] += n
-        self.last_record_time = time.time()
-        self.first_record_time = self.first_record_time or self.last_record_time
+        self._recorded()
         return True
 
     def begin_training(self, training: Training) -> None:

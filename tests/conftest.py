@@ -95,6 +95,7 @@ SLOW_MODULES = frozenset({
     "test_alerting_e2e", "test_multinode", "test_fuzz", "test_trainer_first", "test_blocking_sources",
 })
 SLOW_TESTS = frozenset({
+    "test_run.py::test_an_exporter_killed_mid_read_and_restarted_counts_every_record_once",
     "test_captures.py::test_serve_follows_a_renamed_state_and_an_output_folder",
     "test_conventions.py::test_debug_log_leaves_out_the_file_watchers_internals",
     "test_conventions.py::test_serve_configured_by_the_environment_alone",

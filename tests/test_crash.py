@@ -5,6 +5,7 @@ written here (the shapes torch, torchrun, Ray and bash print)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -320,3 +321,180 @@ def test_a_line_of_another_process_inside_a_traceback_is_not_its_reason() -> Non
                  "ray.exceptions.RayTaskError(OutOfMemoryError): ray::WorkerDict.actor_rollout_update_actor()"]:
         failure = ray.line(line)
     assert failure is not None and failure.text.startswith("ray.exceptions.RayTaskError(OutOfMemoryError):")
+
+
+# --- what the model or the reward function prints is no crash -------------------------------------------------------
+
+# What a code-execution reward function commonly prints of the model's program, run in a sandbox: every frame is in
+# code that is no file of the trainer's process.
+SANDBOX = ("Traceback (most recent call last):\n"
+           '  File "<sandbox>", line 2, in f\n'
+           "ZeroDivisionError: division by zero\n")
+# The same from `python -c CODE` and from a program written to a temporary file, run in a subprocess
+STRING = ("Traceback (most recent call last):\n"
+          '  File "<string>", line 1, in <module>\n'
+          '  File "<string>", line 1, in solve\n'
+          "IndexError: list index out of range\n")
+SUBPROCESS = ("Traceback (most recent call last):\n"
+              '  File "/tmp/tmpk3j9x2ab/solution.py", line 7, in <module>\n'
+              "    print(solve(int(input())))\n"
+              "                ^^^^^^^^^^^^\n"
+              "ValueError: invalid literal for int() with base 10: ''\n")
+
+
+def _after_record(text: str, n: int, inserted: str, rest: int | None = None) -> str:
+    """The log cut after its n-th training record, `inserted`, then the log's next `rest` characters (None: all)."""
+    at = _train_lines(text)[n - 1]
+    return text[:at] + inserted + (text[at:] if rest is None else text[at:at + rest])
+
+
+@pytest.mark.parametrize("printed", [SANDBOX, STRING, SUBPROCESS])
+def test_a_reward_functions_traceback_is_no_crash_and_is_counted(tmp_path, printed: str) -> None:
+    """30 healthy records, then the reward function prints a traceback of the model's program: healthy, whether the
+    log ends there or goes on, and the reward function's failures are counted with their last reason."""
+    text = LOG.read_text(encoding="utf-8")
+    reason = printed.rstrip("\n").rsplit("\n", 1)[1]
+    assert _judge(tmp_path, _after_record(text, 30, "", rest=0), "cut.log").verdict == "healthy"
+    at_end = _judge(tmp_path, _after_record(text, 30, printed, rest=0))
+    assert at_end.verdict == "healthy" and at_end.crash is None, at_end.crash
+    assert (at_end.reward_function_errors, at_end.reward_function_error) == (1, reason)
+    twice = _judge(tmp_path, _after_record(_after_record(text, 60, printed), 30, printed), "twice.log")
+    assert twice.verdict == LOG_VERDICT and twice.crash is None and twice.reward_function_errors == 2
+
+
+def test_the_report_says_the_reward_function_is_failing(tmp_path) -> None:
+    text = LOG.read_text(encoding="utf-8")
+    path = tmp_path / "train.log"
+    path.write_text(_after_record(text, 30, SANDBOX, rest=0), encoding="utf-8")
+    res = run_cli("report", "--output.format", "json", "--fail-on", "critical", str(path))
+    assert res.returncode == 0, res.stderr
+    run = json.loads(res.stdout)["runs"][0]
+    assert run["verdict"] == "healthy" and run["crash"] is None
+    assert run["reward_function"] == {"errors": 1, "last": "ZeroDivisionError: division by zero"}
+    said = run_cli("report", str(path)).stdout.decode()
+    assert "the reward function is failing: 1 error, the last: ZeroDivisionError: division by zero" in said, said
+    html = run_cli("report", "--output.format", "html", str(path)).stdout.decode()
+    assert "The reward function is failing" in html and "ZeroDivisionError: division by zero" in html
+    dump = run_cli("dump", str(path)).stdout.decode()
+    assert 'posttrain_reward_function_errors_total{run="train"} 1.0' in dump
+    assert 'posttrain_run_crashed{run="train"} 0.0' in dump
+
+
+def test_a_traceback_with_a_frame_of_the_trainers_own_is_still_a_sign(tmp_path) -> None:
+    """One frame in a file of the trainer's (the reward function's own module that exec'd the model's code) makes it
+    a traceback of the trainer's process: at the end of the log it is a crash; nothing is counted as the reward
+    function's."""
+    text = LOG.read_text(encoding="utf-8")
+    mixed = SANDBOX.replace('  File "<sandbox>"', '  File "/workspace/rewards.py", line 40, in code_reward\n'
+                                                  '    exec(code, {})\n  File "<string>"')
+    v = _judge(tmp_path, _after_record(text, 30, mixed, rest=0))
+    assert v.verdict == "crashed" and v.crash.text == "ZeroDivisionError: division by zero"
+    assert v.reward_function_errors == 0
+
+
+def _bars_after(text: str, n: int) -> tuple[str, str]:
+    """The two progress-bar draws that follow the n-th training record in the log: its own redraw (the count that
+    gives its step) and the next step's."""
+    at = _train_lines(text)[n - 1]
+    own = text.index("it/s]", at) + len("it/s]")
+    following = text.index("it/s]", own) + len("it/s]")
+    assert "{" not in text[at:following], text[at:following]
+    return text[at:own] + "\n", text[own:following] + "\n"
+
+
+@pytest.mark.parametrize("sign", ["Killed\n", "Segmentation fault (core dumped)\n", OOM])
+def test_a_sign_the_trainers_own_output_follows_is_no_crash(tmp_path, sign: str) -> None:
+    """What the model writes, printed by the reward function (`Killed`), then the trainer's own output with no record
+    yet (its bar moves on to the next step; or it logs a checkpoint save or a line): the trainer lived on. A redraw
+    of the bar at the count it had (as tqdm draws it once more at exit), or the redraw a record printed before the
+    sign was waiting for, is no sign of life."""
+    text = LOG.read_text(encoding="utf-8")
+    own, following = _bars_after(text, 30)
+    drawn = _after_record(text, 30, own + sign, rest=0)  # record 30, its bar's redraw, then the sign
+    for tail in (following, "Saving model checkpoint to /out/checkpoint-30\n",
+                 "INFO:trl.trainer.grpo_trainer:syncing weights to vLLM\n"):
+        v = _judge(tmp_path, drawn + tail)
+        assert v.verdict != "crashed" and v.crash is None, (tail, v.crash)
+    before_redraw = _judge(tmp_path, _after_record(text, 30, sign, rest=0) + own + following)
+    assert before_redraw.verdict != "crashed" and before_redraw.crash is None, before_redraw.crash
+    for dead in (drawn + own, _after_record(text, 30, sign, rest=0) + own,
+                 drawn + "wandb: Find logs at: wandb/run-2026/logs\n"):
+        v = _judge(tmp_path, dead)
+        assert v.verdict == "crashed", dead[-200:]
+
+
+def _follow(path) -> Exporter:
+    ex = Exporter(Config(), [LogSpec(str(path), "r")])
+    ex.poll_once()
+    while ex.catching_up:
+        ex.poll_once()
+    return ex
+
+
+def test_live_a_sign_is_a_crash_only_once_the_trainer_stayed_silent_longer_than_its_usual_silence(tmp_path) -> None:
+    """`serve` on a log being written: a lone `Killed` after 30 records is no crash while the trainer may still be
+    saving a checkpoint; it is one once its output has stayed silent for longer than the run's usual silence. Its
+    own output after (the next step's bar) clears it, as a record would."""
+    text = LOG.read_text(encoding="utf-8")
+    path = tmp_path / "train.log"
+    path.write_text(_after_record(text, 30, "Killed\n", rest=0), encoding="utf-8")
+    ex = _follow(path)
+    run = ex.runs["r"]
+    now = time.time()
+    assert run.crash is None and ex.verdict()["runs"][0]["verdict"] != "crashed"
+    assert run.crash_at(now + 30) is None  # a checkpoint save's minute: the trainer may well be alive
+    late = run.crash_at(now + run.usual_silence() + 1)
+    assert late is not None and late.kind == "killed"
+    with path.open("a", encoding="utf-8") as f:
+        f.write("".join(_bars_after(text, 30)))
+    ex.poll_once()
+    assert run.crash_at(now + run.usual_silence() + 1) is None  # it lived on
+
+
+def test_live_a_sign_in_a_log_last_written_long_ago_is_a_crash_at_once(tmp_path) -> None:
+    import os
+
+    text = LOG.read_text(encoding="utf-8")
+    path = tmp_path / "train.log"
+    path.write_text(_after_record(text, 30, OOM, rest=0), encoding="utf-8")
+    written = time.time() - 86400
+    os.utime(path, (written, written))
+    ex = _follow(path)
+    assert ex.runs["r"].crash is not None and ex.verdict()["runs"][0]["verdict"] == "crashed"
+
+
+def _verdict_of(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/verdict", timeout=5) as r:
+        return json.load(r)["runs"][0]
+
+
+def test_under_run_a_sign_counts_only_at_the_trainers_exit(tmp_path) -> None:
+    """`run`: the trainer prints 30 records, a lone `Killed` (what its model wrote), and stays silent for a while
+    (a checkpoint save) before it goes on: no crash meanwhile, and none at its exit with status 0."""
+    text = LOG.read_text(encoding="utf-8")
+    (tmp_path / "a.log").write_text(_after_record(text, 30, "Killed\n", rest=0), encoding="utf-8")
+    (tmp_path / "b.log").write_text(text[_train_lines(text)[29]:], encoding="utf-8")
+    paused, done = tmp_path / "paused", tmp_path / "done"
+    port = free_port()
+    p = subprocess.Popen(exporter_cmd("--log-level", "error", "run", "--no-gpu", "--linger", "30",
+                                      "--web.listen-address", f"127.0.0.1:{port}", "--", "sh", "-c",
+                                      f"cat {tmp_path / 'a.log'}; touch {paused}; sleep 4; cat {tmp_path / 'b.log'}; "
+                                      f"touch {done}"),
+                         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        during: dict = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not done.exists():
+            if paused.exists() and time.time() - paused.stat().st_mtime > 1.5 and not during:
+                with contextlib.suppress(OSError):
+                    during = _verdict_of(port)
+            time.sleep(0.2)
+        assert during.get("step", 0) >= 29 and during["crash"] is None and during["verdict"] != "crashed", during
+        time.sleep(2)  # the trainer exited with 0; `run` lingers
+        after = _verdict_of(port)
+        assert after["crash"] is None and after["verdict"] != "crashed", after
+        p.terminate()
+        p.communicate(timeout=20)
+    finally:
+        p.kill()
+    assert p.returncode == 0

@@ -16,7 +16,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import REPO, TRL, exporter_cmd, free_port
+from conftest import REPO, TRL, exporter_cmd, free_port, run_cli
 
 from exporter import cli
 from exporter.pipeline import ConsoleStream
@@ -338,3 +338,108 @@ def test_a_log_that_is_the_trainers_feed_counts_its_lines_for_the_trainers_run(t
     assert re.search(r'posttrain_exporter_parse_errors_total\{format="jsonl",reason="\w+",run="trainer"\} 1', text)
     (doc,) = ex.verdict()["runs"]
     assert doc["read"]["records"].get("jsonl") == 6 and doc["read"]["errors"] == 1, doc["read"]
+
+
+# --- a hostile trainer: its exit status and its bytes are ours, whatever it does ------------------------------------
+
+
+def test_a_trainer_that_forks_children_keeps_its_status_and_their_output() -> None:
+    """The trainer starts a child that outlives it and prints after it exited (a data-loader worker, a background
+    upload): `run` exits with the trainer's status, and the late child's bytes are passed on too."""
+    body = """
+        import os, sys, time
+        if os.fork() == 0:
+            time.sleep(0.5)
+            os.write(1, b"late child line\\n")
+            os._exit(0)
+        os.write(1, b"trainer line\\n")
+        os.write(2, b"trainer stderr\\n")
+        sys.exit(7)
+    """
+    res = subprocess.run(run_cmd(child=child_script(body)), cwd=REPO, capture_output=True, timeout=60)
+    assert res.returncode == 7
+    assert res.stdout == b"trainer line\nlate child line\n" and res.stderr == b"trainer stderr\n"
+
+
+def test_a_trainer_that_ignores_sigterm_keeps_its_status_and_output() -> None:
+    """SIGTERM is forwarded once; a trainer that ignores it runs on to its end, its output whole and its status ours
+    (`run` neither kills it nor exits before it)."""
+    body = """
+        import os, signal, sys, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.write(1, b"ready\\n")
+        for i in range(20):
+            os.write(1, b"{'loss': %d.5, 'epoch': 0.%d}\\n" % (i, i))
+            time.sleep(0.1)
+        sys.exit(3)
+    """
+    p = subprocess.Popen(run_cmd(child=child_script(body)), cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, bufsize=0)  # unbuffered: readline takes no more than its line
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        p.terminate()
+        out, _ = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 3
+    assert out == b"".join(b"{'loss': %d.5, 'epoch': 0.%d}\n" % (i, i) for i in range(20))
+
+
+def test_a_trainer_that_closes_its_stdout_early_keeps_its_status_and_stderr() -> None:
+    """The trainer closes its standard output at once and goes on writing to stderr: nothing is lost of stderr, the
+    status is its own, and the exporter does not take the closed stream for the trainer's end."""
+    body = """
+        import os, sys, time
+        os.write(1, b"before close\\n")
+        os.close(1)
+        time.sleep(0.5)
+        for i in range(200):
+            os.write(2, b"err line %d\\n" % i)
+        os._exit(5)
+    """
+    res = subprocess.run(run_cmd(child=child_script(body)), cwd=REPO, capture_output=True, timeout=60)
+    assert res.returncode == 5
+    assert res.stdout == b"before close\n"
+    assert res.stderr == b"".join(b"err line %d\n" % i for i in range(200))
+
+
+def test_an_exporter_killed_mid_read_and_restarted_counts_every_record_once(tmp_path) -> None:
+    """`serve` on a log, killed with SIGKILL while it reads the log's history, restarted on the same file: the new
+    process reads every record once (the counts are the log's, no record lost, none counted twice)."""
+    text = (TRL / "grpo" / "combined_unbuffered.log").read_text(encoding="utf-8")
+    log = tmp_path / "train.log"
+    log.write_text(text * 150, encoding="utf-8")  # 34 MB: long enough to be mid-read when killed
+    needle = 'posttrain_exporter_lines_total{format="hf_dict",outcome="record",run="r"} '
+    dumped = run_cli("dump", "--run", "r", str(log), timeout=300).stdout.decode()  # one process, read whole
+    records = float(dumped.split(needle, 1)[1].split("\n", 1)[0])
+    assert records >= 150 * text.count("{'loss'")
+
+    def serve() -> tuple[subprocess.Popen, int]:
+        port = free_port()
+        return subprocess.Popen(exporter_cmd("--log-level", "error", "serve", "--no-gpu", "--web.listen-address",
+                                             f"127.0.0.1:{port}", "--log", str(log), "--run", "r"),
+                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port
+
+    first, port = serve()
+    try:
+        seen = wait_metric(port, needle, timeout=30)
+        first.kill()  # mid-read: its history is far from read whole
+        assert float(seen.split(needle, 1)[1].split("\n", 1)[0]) < records, "read whole before it was killed"
+        first.wait(10)
+    finally:
+        first.kill()
+    second, port = serve()
+    try:
+        deadline, got = time.monotonic() + 240, -1.0
+        while time.monotonic() < deadline:
+            body = wait_metric(port, needle, timeout=30)
+            got = float(body.split(needle, 1)[1].split("\n", 1)[0])
+            if got >= records:
+                break
+            time.sleep(0.5)
+        time.sleep(1)
+        body = scrape(port)
+        assert float(body.split(needle, 1)[1].split("\n", 1)[0]) == records
+    finally:
+        second.terminate()
+        second.wait(20)

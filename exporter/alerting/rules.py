@@ -128,19 +128,20 @@ def _exporter_alerts(s: RulesSettings) -> list[dict[str, Any]]:
                             "not finished: the trainer is hung, crashed or blocked while its pod still holds the "
                             "GPUs."}},
         {"alert": "PostTrainTrainerCrashed",
-         # A traceback the trainer logs and survives is followed by its next record, which clears it: so only once
-         # the run has been silent for twice its usual interval between records (a slow run logs minutes apart), and
-         # 5 minutes. The value: time since its last record (a trainer that died before its first is no_data)
-         "expr": "time() - posttrain_exporter_last_record_timestamp_seconds\nand posttrain_run_crashed == 1\n"
-                 "and (time() - posttrain_exporter_last_record_timestamp_seconds\n"
-                 "     > 2 * run:posttrain_record_interval_seconds:avg6h)\n",
+         # The exporter judges a sign against the trainer's own output, which Prometheus does not see (a bar that
+         # moved on, a log line; RunState.crash_at): posttrain_run_crashed is 1 only once that output stopped (under
+         # `run`: the trainer exited). The rule does not judge it again against the records' age: a checkpoint save
+         # after a sign is minutes without a record, and a trainer that exited a few seconds after its last record
+         # died all the same. `for` rides out a gauge that a late line of the trainer's puts back to 0. The value:
+         # time since its last record (a trainer that died before its first is no_data)
+         "expr": "time() - posttrain_exporter_last_record_timestamp_seconds\nand posttrain_run_crashed == 1\n",
          "for": _dur(300, s), "labels": {"severity": "critical"},
          "annotations": {
              "summary": "Trainer of run {{ $labels.run }} died.",
-             "description": "The output of run {{ $labels.run }} ends in a sign that its trainer died (a traceback, "
-                            f"an abort, a shell's Killed), or its exit status under `run` was not 0, after step "
-                            f"{STEP}, its last record {{{{ $value | humanizeDuration }}}} ago. The exporter's "
-                            "/api/v1/verdict says what it died of; the pod may still hold its GPUs."}},
+             "description": "The output of run {{ $labels.run }} shows a sign that its trainer died (a traceback, "
+                            "an abort, a shell's Killed) and then stopped, or its exit status under `run` was not 0, "
+                            f"after step {STEP}, its last record {{{{ $value | humanizeDuration }}}} ago. The "
+                            "exporter's /api/v1/verdict says what it died of; the pod may still hold its GPUs."}},
         {"alert": "PostTrainExporterSourceDown",
          "expr": "posttrain_exporter_source_up == 0\nunless ignoring(path) posttrain_run_finished == 1\n",
          "for": _dur(600, s), "labels": {"severity": "warning"},

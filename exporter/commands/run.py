@@ -127,6 +127,7 @@ def _run_exporter(args: argparse.Namespace, child, ended: threading.Event, side:
         exporter = Exporter(cfg, specs[1:], Launch(child_spec.run, token))  # the feed of this launch: one run
         exporter.stop_signal = stop_signal(cfg)
         exporter.add_input(child_spec, child.feed, first=True)
+        exporter.supervise(child_spec.run)
         gpu = gpu_service(cfg, args.no_gpu)
         return exporter, Listener(exporter, listen, gpu, web, retry=True), gpu, child_spec, cfg
 
@@ -142,7 +143,7 @@ def _run_exporter(args: argparse.Namespace, child, ended: threading.Event, side:
         side["gpu"] = gpu
         gpu.start()
     log.info("run: the trainer's output read as run %s", child_spec.run)
-    lower_this_thread()  # parsing takes the CPU the trainer leaves
+    lower_this_thread(child.pid)  # parsing takes the CPU the trainer leaves
     interval = min(cfg.poll_interval_seconds, 0.25)
     failures = 0
     while True:

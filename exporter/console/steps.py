@@ -188,6 +188,11 @@ class StepClock:
         self._candidate_before = False  # it began, and has drawn since, with no record waiting for a redraw
         self.refused = refused  # told when that is counted (_refused_bar)
 
+    @property
+    def bar_count(self) -> int | None:
+        """The training bar's last count (None before its first draw)."""
+        return self._bar
+
     def bar(self, n: int, total: str, description: str | None = None) -> list[Record]:
         """A bar draw (sink.bar of console/framing.py); the records it releases."""
         if description is not None and description.strip():

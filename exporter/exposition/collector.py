@@ -48,10 +48,17 @@ class ExporterCollector(Collector):
         finished = GaugeMetricFamily("posttrain_run_finished",
                                      "1 once the trainer printed its end-of-training summary.", labels=["run"])
         crashed = GaugeMetricFamily("posttrain_run_crashed",
-                                    "1 when the trainer died: its output ends in a traceback, an abort, a shell's "
-                                    "Killed (with no training record or end summary after), or under `run` it exited "
-                                    "non-zero; the verdict crashed. /api/v1/verdict says what it died of.",
-                                    labels=["run"])
+                                    "1 when the trainer died: its output shows a traceback, an abort, a shell's "
+                                    "Killed, and then stopped (nothing of the trainer's own after it: its output "
+                                    "ended, or has been silent for longer than the run's usual silence; under `run`: "
+                                    "the trainer exited), or under `run` it exited non-zero; the verdict crashed. "
+                                    "/api/v1/verdict says what it died of.", labels=["run"])
+        reward_errors = CounterMetricFamily("posttrain_reward_function_errors",
+                                            "Tracebacks printed of code outside the trainer's process (a reward "
+                                            "function's sandbox or subprocess: every frame in <string>, <sandbox>, "
+                                            "<stdin> or a temporary file): the reward function is failing; no sign "
+                                            "that the trainer died. The report says the last reason.",
+                                            labels=["run"])
         families: dict[str, Metric] = {}
         last_step = _labelled_gauge("posttrain_instrument_last_step",
                                     "Training step at which each instrument was last logged.")
@@ -63,6 +70,7 @@ class ExporterCollector(Collector):
                 step.add_metric([name], run.step)
             finished.add_metric([name], 1.0 if run.finished else 0.0)
             crashed.add_metric([name], 1.0 if run.crash is not None else 0.0)
+            reward_errors.add_metric([name], run.reward_function_errors)
             for (inst_name, label_value), s in sorted(run.series.items(), key=_series_order):
                 if s.last_step < 0:
                     continue
@@ -80,6 +88,7 @@ class ExporterCollector(Collector):
         yield step
         yield finished
         yield crashed
+        yield reward_errors
         yield from self._judgments()
         yield from families.values()
         yield last_step

@@ -15,7 +15,7 @@ from exporter.detectors.catalog import BY_NAME
 from exporter.report.ranges import regime_timeline, shown, stretches
 from exporter.report.samples import CSS as SAMPLES_CSS
 from exporter.report.samples import samples_html
-from exporter.report.verdict import NO_DATA, Finding, RunVerdict, hints
+from exporter.report.verdict import NO_DATA, Finding, RunVerdict, hints, reward_function_note
 
 W, H, PAD_L, PAD_R, PAD_T, PAD_B = 520, 170, 56, 12, 22, 24
 MAX_POINTS = 1200  # a longer series is drawn as the min and max of each of this many buckets
@@ -237,6 +237,8 @@ def _run_section(v: RunVerdict) -> str:
            f'({"finished" if v.finished else "ended" if v.crash is not None else "still running"}).']
     if v.crash is not None:
         out.append(f" <b>The trainer died after it:</b> <code>{_esc(v.crash.text)}</code>.")
+    if (note := reward_function_note(v)) is not None:
+        out.append(f" <b>The reward function is failing:</b> {_esc(note.split(': ', 1)[1])}.")
     if v.unjudged:
         out.append(f" <b>Not judged:</b> {_esc(', '.join(v.unjudged))} (it samples completions but logged no key "
                    "read as such: map the trainer's own key with a config <code>aliases:</code> entry).")

@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from exporter.config import STOP_SEVERITIES, EarlyStopSettings
 from exporter.judgment.judge import Judgment, judge_run
-from exporter.report.verdict import findings, read_summary, step_of, summary_of, unjudged, verdict_of
+from exporter.report.verdict import (
+    findings,
+    read_summary,
+    reward_function_json,
+    step_of,
+    summary_of,
+    unjudged,
+    verdict_of,
+)
 from exporter.runstate import RunState
 
 if TYPE_CHECKING:
@@ -93,6 +101,8 @@ def run_document(run: RunState, settings: EarlyStopSettings, stats: IngestStats 
         "judgment": judged.as_json(),  # what to do next, as `report` says it
         "read": read_summary(run, stats).as_json(),
         "crash": crash.as_json() if (crash := run.crash) is not None else None,  # how the trainer died, if it did
+        # the reward function is failing: its tracebacks, the last one's reason
+        "reward_function": reward_function_json(run.reward_function_errors, run.reward_function_error),
         "worst": next((s for s in STOP_SEVERITIES if s in severities), None),
         "stop": bool(stopping(active, settings)),
         "active": [f.as_json() for f in active],

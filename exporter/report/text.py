@@ -8,7 +8,15 @@ from typing import Any
 
 from exporter.report.ranges import regime_shares, regime_timeline, shown, stretches
 from exporter.report.samples import samples_json, samples_text
-from exporter.report.verdict import NO_DATA, Finding, RunVerdict, finite_or_none, hints
+from exporter.report.verdict import (
+    NO_DATA,
+    Finding,
+    RunVerdict,
+    finite_or_none,
+    hints,
+    reward_function_json,
+    reward_function_note,
+)
 
 SUMMARY_FINDINGS = 3  # findings named in a run's summary
 
@@ -29,6 +37,8 @@ def to_text(verdicts: list[RunVerdict]) -> str:
         out.append(f"run {v.run}: {v.verdict.upper()} (last step {v.last_step}, {state})")
         if v.crash is not None:
             out.append(f"  crashed after step {v.last_step}: {v.crash.text}")
+        if (note := reward_function_note(v)) is not None:
+            out.append(f"  {note}")
         out.extend(judgment_lines(v))
         out.extend(_summary_lines(v))
         if v.findings:
@@ -152,6 +162,7 @@ def to_json(verdicts: list[RunVerdict]) -> str:
             "best_reward": _clean(v.best_reward), "kl_at_best_step": _clean(v.kl_at_best), "last_step": v.last_step,
             "finished": v.finished, "worst": v.worst(), "read": v.read.as_json() if v.read is not None else None,
             "crash": v.crash.as_json() if v.crash is not None else None, "unjudged": v.unjudged,
+            "reward_function": reward_function_json(v.reward_function_errors, v.reward_function_error),
             "judgment": v.judgment.as_json() if v.judgment is not None else None,
             "findings": [{"alert": f.alert, "severity": f.severity, "first_step": f.first_step,
                           "last_step": f.last_step, "detector": f.detector, "instrument": f.instrument,

@@ -7,9 +7,11 @@ alerts would have said; an alert fires from the step its detector became active 
 A run without a training record has no verdict on its training: it is `no_data`, never healthy (a CI gate
 pointed at the wrong file, a trainer that crashed before its first step or logs its metrics elsewhere), and
 the verdict says what was read instead. A run whose trainer died is `crashed`: its output ends in a sign of it (a
-traceback, an abort, a shell's `Killed`; parsers/failures.py) with no training record after, or `run` saw the
-trainer exit non-zero; its findings are listed as for any run. A live run that has logged nothing for longer than
-its own pace allows is `stale` (the PostTrainTrainerStalled alert's condition)."""
+traceback, an abort, a shell's `Killed`; parsers/failures.py) with nothing of the trainer's own after (a record, a
+bar that moved on, a log line; RunState.crash_at), or `run` saw the trainer exit non-zero; its findings are listed
+as for any run. A traceback of code outside the trainer's process (a reward function's sandbox) is no sign: it is
+counted as the reward function's, and the report says the reward function is failing. A live run that has logged
+nothing for longer than its own pace allows is `stale` (the PostTrainTrainerStalled alert's condition)."""
 
 from __future__ import annotations
 
@@ -115,6 +117,19 @@ def unjudged(run: RunState) -> list[str]:
     return ["reward"] if "reward" not in logged and logged & _SAMPLING else []
 
 
+def reward_function_note(v: RunVerdict) -> str | None:
+    """What the report says of a reward function that is failing (None: it is not)."""
+    n = v.reward_function_errors
+    if not n:
+        return None
+    return f"the reward function is failing: {n} error{'s' if n != 1 else ''}, the last: {v.reward_function_error}"
+
+
+def reward_function_json(errors: int, last: str | None) -> dict[str, Any] | None:
+    """The reward function's failures as the JSON report and /api/v1/verdict give them (None: none)."""
+    return {"errors": errors, "last": last} if errors else None
+
+
 def hints(read: ReadSummary, crash: Failure | None = None) -> list[str]:
     """What to try when a run has no training record, from what was read (and how the trainer died, if it did)."""
     if crash is not None:
@@ -207,6 +222,8 @@ class RunVerdict:
     verdict: str = HEALTHY  # verdict_of: no_data, crashed, unhealthy, stale or healthy
     read: ReadSummary | None = None
     crash: Failure | None = None  # how the trainer died (RunState.crash), whatever the verdict
+    reward_function_errors: int = 0  # tracebacks of code outside the trainer's process: the reward function's
+    reward_function_error: str | None = None  # the last one's exception line
     unjudged: list[str] = field(default_factory=list)  # instruments its kind logs that it did not (unjudged())
     judgment: Judgment | None = None  # the practitioner's judgment (exporter/judgment/): what to do next
 
@@ -229,7 +246,9 @@ def judge(run: RunState, runbook_base: str = RUNBOOK_BASE, stats: IngestStats | 
                       _regimes(run, digest), _instruments(run, digest),
                       {k: d.chart() for k, d in digest.series.items() if d.count},
                       _limits(run), verdict=verdict_of(run, found, judgment=judged), read=read_summary(run, stats),
-                      crash=run.crash, unjudged=missing, judgment=judged)
+                      crash=run.crash, unjudged=missing, judgment=judged,
+                      reward_function_errors=run.reward_function_errors,
+                      reward_function_error=run.reward_function_error)
 
 
 def step_of(run: RunState) -> int | None:
