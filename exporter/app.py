@@ -91,6 +91,13 @@ class Exporter:
             if state is not None:
                 state.exit_status = status
 
+    def trainer_stopped(self, run: str) -> None:
+        """early_stop.action signal: the trainer of `run` was signalled to stop; its dying is no crash."""
+        with self.lock:
+            state = self.runs.get(run)
+            if state is not None:
+                state.stopped = True
+
     def verdict(self, only: str | None = None) -> dict:
         """The runs' verdicts as they stand (/api/v1/verdict)."""
         from exporter.report.live import verdict_document  # not needed by `dump`

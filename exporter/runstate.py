@@ -96,6 +96,8 @@ class RunState:
     exit_status: int | None = None  # `run`: the trainer's exit status, as a shell gives it, once it exited
     # the checkpoints its output says were saved and deleted (parsers/checkpoints.py): the one to keep must exist
     checkpoints: SavedCheckpoints = field(default_factory=SavedCheckpoints.empty)
+    # early_stop.action signal: the exporter signalled the trainer to stop; how it dies after that is no crash
+    stopped: bool = False
     derived: DerivedState = field(init=False)
     detectors: DetectorSet = field(init=False)
     _plans: dict[Shape, ShapePlan] = field(init=False, default_factory=dict)
@@ -139,7 +141,10 @@ class RunState:
         is no crash: the exit status is not taken then), that is a crash, with the log's last sign as the reason
         when there is one. Else the log's last sign, unless a training record or the end summary came after it; a
         sign after the end summary is none either (the training ended; an exit handler's or a thread's traceback).
-        Status 0 clears nothing: a wrapper script that swallows the trainer's status is common."""
+        Status 0 clears nothing: a wrapper script that swallows the trainer's status is common. A trainer the exporter
+        stopped (`stopped`) did not crash, whatever it printed or exited with."""
+        if self.stopped:
+            return None
         failed = self.failure is not None and not self.finished and self._trainer_and_summary() <= self._failure_mark
         if self.exit_status:
             said = exit_text(self.exit_status)

@@ -134,9 +134,8 @@ def _run_exporter(args: argparse.Namespace, child, ended: threading.Event, side:
         parse_listen_address(listen)
         exporter = Exporter(cfg, specs[1:], Launch(child_spec.run, token))  # the feed of this launch: one run
         exporter.stop_signal = stop_signal(cfg)
-        from exporter.stopping.setup import stopper_for_child  # early_stop.action signal: the trainer we started
-        exporter.trainer_stopper = stopper_for_child(exporter.stop_signal, child_spec.run, child.pid,
-                                                     lambda: child.proc.poll() is None)
+        from exporter.stopping.setup import stop_child  # early_stop.action signal: the trainer we started
+        stop_child(exporter, child_spec.run, child.pid, lambda: child.proc.poll() is None)
         exporter.add_input(child_spec, child.feed, first=True)
         gpu = gpu_service(cfg, args.no_gpu)
         return exporter, Listener(exporter, listen, gpu, web, retry=True), gpu, child_spec, cfg

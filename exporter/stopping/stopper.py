@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from exporter.config import EarlyStopSettings
@@ -43,6 +44,7 @@ class TrainerStopper:
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         self._record_base: dict[str, Any] = {}  # what the record holds besides the signals sent
+        self.on_sent: Callable[[str], None] = lambda run: None  # told once the trainer was signalled to stop
 
     @property
     def stopped(self) -> bool:
@@ -98,6 +100,7 @@ class TrainerStopper:
             if not self._send(signal.Signals[s.signal], processes, first=True):
                 return
             self._write_record(processes, began)
+        self.on_sent(self.run)
         for sig, at in ((signal.SIGTERM, began + s.grace_seconds),
                         (signal.SIGKILL, began + s.grace_seconds + s.kill_after_seconds)):
             if not self._until(at, processes):
