@@ -19,6 +19,7 @@ from exporter.sources.base import ChunkReader, Source
 from exporter.sources.inputs import open_input
 
 if TYPE_CHECKING:
+    from exporter.stopping.stopper import TrainerStopper
     from exporter.stopsignal import StopSignal
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class Exporter:
         self.heartbeat = time.monotonic()
         self._failed_inputs: set[int] = set()  # inputs whose read or ingest raised once (said once each)
         self.stop_signal: StopSignal | None = None  # config early_stop: set by serve and run
+        self.trainer_stopper: TrainerStopper | None = None  # early_stop.action signal: the trainer's stop by signals
 
     def run_state(self, name: str) -> RunState:
         return self.runset.get(name)
@@ -94,6 +96,13 @@ class Exporter:
             if state is not None:
                 state.exit_status = status
 
+    def trainer_stopped(self, run: str) -> None:
+        """early_stop.action signal: the trainer of `run` was signalled to stop; its dying is no crash."""
+        with self.lock:
+            state = self.runs.get(run)
+            if state is not None:
+                state.stopped = True
+
     def verdict(self, only: str | None = None) -> dict:
         """The runs' verdicts as they stand (/api/v1/verdict)."""
         from exporter.report.live import verdict_document  # not needed by `dump`
@@ -102,7 +111,9 @@ class Exporter:
             for run in self.runs.values():
                 run.refresh()
             settings = self.stop_signal.settings if self.stop_signal is not None else EarlyStopSettings()
-            return verdict_document(self.runs.values(), settings, only, self.stats)
+            stopper = self.trainer_stopper
+            stopped = {stopper.run: stopper.stop} if stopper is not None and stopper.stop is not None else None
+            return verdict_document(self.runs.values(), settings, only, self.stats, stopped)
 
     @property
     def catching_up(self) -> bool:

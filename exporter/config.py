@@ -75,15 +75,33 @@ class LogSpec:
 
 
 STOP_SEVERITIES = ("critical", "warning")  # critical: pages only; warning: pages and warnings
+STOP_ACTIONS = ("file", "signal")  # file: the stop file only; signal: the file, and the trainer is signalled
+# The signals a graceful stop may send: those a trainer can catch to save (SIGKILL and SIGSTOP cannot be caught).
+GRACEFUL_SIGNALS = ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT")
+DEFAULT_GRACE_SECONDS = 900.0  # a sharded checkpoint of a 70B model to network storage takes minutes
+DEFAULT_KILL_AFTER_SECONDS = 30.0  # SIGTERM to SIGKILL: what torchrun and the kubelet give by default
 
 
 @dataclass(frozen=True)
 class EarlyStopSettings:
-    """The stop signal for the trainer (exporter/stopsignal.py): off unless `file` is given."""
+    """The stop signal for the trainer (exporter/stopsignal.py): off unless `file` is given. With action `signal`
+    the trainer is also stopped by signals (exporter/stopping/): `signal`, then SIGTERM after `grace_seconds`,
+    then SIGKILL after `kill_after_seconds` more. `process` (a piece of its command line) or `pid` names the
+    trainer for `serve`, which is not its parent."""
 
     file: str | None = None  # `{run}` in it: one file per run
     severity: str = "critical"
     detectors: frozenset[str] | None = None  # only these detectors raise it; None: every one of the severity
+    action: str = "file"
+    signal: str = "SIGINT"
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
+    kill_after_seconds: float = DEFAULT_KILL_AFTER_SECONDS
+    process: str | None = None
+    pid: int | None = None
+
+    @property
+    def signals(self) -> bool:
+        return self.enabled and self.action == "signal"
 
     @property
     def enabled(self) -> bool:
@@ -235,8 +253,10 @@ def _into(defaults: Any, sec: dict, where: str) -> Any:
 
 
 def _early_stop(raw: dict) -> EarlyStopSettings:
-    """early_stop: {file, severity, detectors}; off without `file`."""
-    sec = _section(raw, "early_stop", {"file", "severity", "detectors"})
+    """early_stop: {file, severity, detectors, action, signal, grace_seconds, kill_after_seconds, process, pid};
+    off without `file`."""
+    sec = _section(raw, "early_stop", {"file", "severity", "detectors", "action", "signal", "grace_seconds",
+                                       "kill_after_seconds", "process", "pid"})
     if not sec:
         return EarlyStopSettings()
     path = sec.get("file")
@@ -255,7 +275,32 @@ def _early_stop(raw: dict) -> EarlyStopSettings:
             allowed = STOP_SEVERITIES[: STOP_SEVERITIES.index(severity) + 1]
             _expect(DETECTORS[name].severity in allowed, f"early_stop.detectors[{i}]",
                     f"{name} is a {DETECTORS[name].severity} detector: set early_stop.severity: warning to stop on it")
-    return EarlyStopSettings(path, severity, None if names is None else frozenset(names))
+    return EarlyStopSettings(path, severity, None if names is None else frozenset(names), **_stop_action(sec))
+
+
+def _stop_action(sec: dict) -> dict[str, Any]:
+    """early_stop's action and, with `signal`, how the trainer is signalled and found."""
+    action = sec.get("action", "file")
+    _expect(action in STOP_ACTIONS, "early_stop.action",
+            f"must be file (the stop file only) or signal (the file, and signals to the trainer), got {shown(action)}")
+    sig = sec.get("signal", "SIGINT")
+    sig = f"SIG{sig}" if isinstance(sig, str) and not sig.startswith("SIG") else sig
+    _expect(sig in GRACEFUL_SIGNALS, "early_stop.signal",
+            f"must be a signal a trainer can catch to save ({', '.join(GRACEFUL_SIGNALS)}), got {shown(sig)}")
+    grace = _number(sec, "grace_seconds", DEFAULT_GRACE_SECONDS, minimum=0, maximum=7 * 86400.0,
+                    section="early_stop")
+    kill_after = _number(sec, "kill_after_seconds", DEFAULT_KILL_AFTER_SECONDS, minimum=0, maximum=MAX_SECONDS,
+                         section="early_stop")
+    process, pid = sec.get("process"), sec.get("pid")
+    _expect(process is None or (isinstance(process, str) and bool(process.strip())), "early_stop.process",
+            f"must be a piece of the trainer's command line (e.g. verl.trainer.main_ppo), got {shown(process)}")
+    _expect(pid is None or (isinstance(pid, int) and not isinstance(pid, bool) and pid > 1), "early_stop.pid",
+            f"must be the trainer's process id (more than 1), got {shown(pid)}")
+    _expect(process is None or pid is None, "early_stop.pid", "give the trainer's process or its pid, not both")
+    _expect(action == "signal" or (process is None and pid is None and "signal" not in sec), "early_stop.action",
+            "must be signal for early_stop.signal, process or pid to take effect")
+    return {"action": action, "signal": sig, "grace_seconds": float(grace), "kill_after_seconds": float(kill_after),
+            "process": process, "pid": pid}
 
 
 def _section(raw: dict, name: str, known: set[str], where: str | None = None) -> dict:

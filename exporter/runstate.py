@@ -110,6 +110,8 @@ class RunState:
     reward_function_error: str | None = None  # the last one's exception line
     # the checkpoints its output says were saved and deleted (parsers/checkpoints.py): the one to keep must exist
     checkpoints: SavedCheckpoints = field(default_factory=SavedCheckpoints.empty)
+    # early_stop.action signal: the exporter signalled the trainer to stop; how it dies after that is no crash
+    stopped: bool = False
     derived: DerivedState = field(init=False)
     detectors: DetectorSet = field(init=False)
     _plans: dict[Shape, ShapePlan] = field(init=False, default_factory=dict)
@@ -181,7 +183,10 @@ class RunState:
         before it, and then, under `run`, the trainer exited (non-zero is a crash by itself, with the sign as the
         reason; status 0 clears nothing: a wrapper script that swallows the trainer's status is common; a signal
         `run` forwarded is no crash, its status is not taken); elsewhere, its output ended or has been silent since
-        the sign for longer than the run's usual silence (usual_silence)."""
+        the sign for longer than the run's usual silence (usual_silence). A trainer the exporter stopped (`stopped`)
+        did not crash, whatever it printed or exited with."""
+        if self.stopped:
+            return None
         failed = self.failure is not None and not self.finished and self._trainer_output() <= self._failure_mark
         if self.exit_status:
             said = exit_text(self.exit_status)

@@ -19,7 +19,7 @@ import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from exporter import __version__
@@ -42,6 +42,9 @@ class StopSignal:
         self.writes: Counter[tuple[str, str]] = Counter()  # (run, outcome: written or failed)
         self._raised: dict[Raised, frozenset[Finding]] = {}  # per run and training: the findings its file holds
         self._warned: set[str] = set()
+        # called with (run, document) for every stop raised, whether its file could be written or not: the stop by
+        # signals (exporter/stopping/), which must not wait on a volume that went away
+        self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
 
     def path_for(self, run: str) -> str:
         assert self.settings.file is not None
@@ -71,6 +74,8 @@ class StopSignal:
         """Writes the files `due` returned (without the lock: file I/O must not hold up a scrape). A failed write
         is logged once per file and tried again after the next records."""
         for run, path, doc in due:
+            for listener in self.listeners:
+                listener(run, doc)
             try:
                 write_atomically(path, json.dumps(doc, indent=1) + "\n")
             except OSError as e:

@@ -93,9 +93,15 @@ def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 60) -> subp
 SLOW_MODULES = frozenset({
     "test_detection", "test_trl_callback", "test_gpu_sources", "test_image", "test_dashboards", "test_packaging",
     "test_alerting_e2e", "test_multinode", "test_fuzz", "test_trainer_first", "test_blocking_sources",
+    "test_stop_sidecar",
 })
 SLOW_TESTS = frozenset({
     "test_run.py::test_an_exporter_killed_mid_read_and_restarted_counts_every_record_once",
+    "test_stop_by_signal.py::test_run_stops_a_ray_driver_on_the_page",
+    "test_stop_by_signal.py::test_run_stops_a_torchrun_trainer_that_saves_on_the_signal",
+    "test_stop_by_signal.py::test_a_healthy_run_runs_to_its_end",
+    "test_stop_by_signal.py::test_a_trainer_that_ignores_the_graceful_signal_gets_sigterm_then_sigkill",
+    "test_stop_by_signal.py::test_a_page_of_another_run_beside_the_trainer_does_not_stop_it",
     "test_captures.py::test_serve_follows_a_renamed_state_and_an_output_folder",
     "test_conventions.py::test_debug_log_leaves_out_the_file_watchers_internals",
     "test_conventions.py::test_serve_configured_by_the_environment_alone",

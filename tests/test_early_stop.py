@@ -212,7 +212,8 @@ def test_the_verdict_endpoint_says_what_the_report_says(tmp_path: Path) -> None:
         assert active["PostTrainKLCritical"]["since_step"] == report.findings[0].episodes[-1].since
         assert active["PostTrainKLCritical"]["severity"] == "critical" and run["stop"]
         assert doc["early_stop"] == {"enabled": True, "file": str(tmp_path / "stop.json"), "severity": "critical",
-                                     "detectors": None}
+                                     "detectors": None, "action": "file"}
+        assert run["stopped"] is None  # the stop file alone: the exporter signals nothing
         assert json.loads(_get(url + "?run=other", ctx)[1])["runs"] == []
         assert json.loads(_get(url + "?run=grpo", ctx)[1])["runs"][0]["run"] == "grpo"
         assert _get(url, ctx, auth=False)[0] == 401  # the same gate as /metrics

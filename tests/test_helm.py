@@ -1036,3 +1036,58 @@ def test_notes_warn_when_the_podmonitor_has_no_release_label(chart) -> None:
     assert "podMonitor.labels.release" in notes({})
     assert "no `release` label" not in notes({"podMonitor": {"labels": {"release": "kube-prometheus-stack"}}})
     assert "PodMonitor:" not in notes({"podMonitor": {"enabled": False}})
+
+
+# --- earlyStop: the stop file, and the stop by signals (docs/early-stop.md) -----------------------------------------
+
+SIGNAL_STOP = {"action": "signal", "process": "train.py", "graceSeconds": 600}
+
+
+@pytest.mark.parametrize("version", [OLD_KUBE, NEW_KUBE])
+def test_early_stop_by_signal_shares_the_process_namespace_and_configures_the_exporter(chart, kval, version):
+    docs = render_at(chart, {"exampleJob": {"enabled": True}, "earlyStop": SIGNAL_STOP}, version)
+    for doc in of_kind(docs, "Job") + of_kind(docs, "ConfigMap"):
+        kval.validate(doc, version, strict=True)
+    spec = pod_spec(docs)
+    assert spec["shareProcessNamespace"] is True  # also with a native sidecar, which needs it for nothing else
+    side = sidecar_of(spec)
+    assert {"name": "posttrain-stop", "mountPath": "/posttrain-stop"} in side["volumeMounts"]  # written
+    assert {"name": "posttrain-stop", "emptyDir": {}} in spec["volumes"]
+    (trainer,) = [c for c in spec["containers"] if c["name"] == "trainer"]
+    assert {"name": "posttrain-stop", "mountPath": "/posttrain-stop", "readOnly": True} in trainer["volumeMounts"]
+    (cm,) = [d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"] == FULLNAME]
+    es = parse_config(yaml.safe_load(cm["data"]["config.yaml"])).early_stop
+    assert (es.action, es.file, es.process, es.signal, es.grace_seconds) == (
+        "signal", "/posttrain-stop/posttrain-stop.json", "train.py", "SIGINT", 600)
+    # off by default: no volume, no early_stop in the config
+    spec = pod_spec(render_at(chart, {"exampleJob": {"enabled": True}}, NEW_KUBE))
+    assert "shareProcessNamespace" not in spec and all(v["name"] != "posttrain-stop" for v in spec["volumes"])
+
+
+def test_early_stop_by_signal_without_a_shared_process_namespace_stops_the_render(helm, tmp_path):
+    """The job example shares the pod's processes only for the fallback sidecar: with a native one and the stop by
+    signals, the sidecar could never see the trainer, so the render says what to set."""
+    with helm.Chart.load(example_chart(tmp_path, "job")) as c:
+        with pytest.raises(helm.HelmRenderError, match=r"earlyStop.action=signal: .* the pod must share its process "
+                                                       r"namespace: set shareProcessNamespace: true in the pod spec"):
+            render_at(c, {"posttrain-exporter": {"earlyStop": SIGNAL_STOP}}, NEW_KUBE)
+        render_at(c, {"posttrain-exporter": {"earlyStop": {"action": "file"}}}, NEW_KUBE)  # the file alone: fine
+
+
+def test_early_stop_by_signal_needs_the_trainers_command(chart):
+    import helm_python
+    with pytest.raises(helm_python.HelmRenderError, match=r"set earlyStop.process to a piece of the trainer's command"):
+        render_at(chart, {"exampleJob": {"enabled": True}, "earlyStop": {"action": "signal"}}, NEW_KUBE)
+
+
+def test_rayjob_example_stops_the_driver_on_the_head_pod(helm, tmp_path):
+    with helm.Chart.load(example_chart(tmp_path, "rayjob")) as c:
+        docs = render_at(c, None, NEW_KUBE, name="grpo-7b", namespace="team-a")
+    (rayjob,) = of_kind(docs, "RayJob")
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    (worker,) = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert head["shareProcessNamespace"] is True and "shareProcessNamespace" not in worker["template"]["spec"]
+    assert sidecar_of(head)["securityContext"]["runAsUser"] == 1000  # Ray's user: the driver's
+    (cm,) = of_kind(docs, "ConfigMap")
+    es = parse_config(yaml.safe_load(cm["data"]["config.yaml"])).early_stop
+    assert es.signals and es.process == "train.py" and "python train.py" in rayjob["spec"]["entrypoint"]

@@ -39,6 +39,7 @@ def main(args: argparse.Namespace) -> int:
     exit status is the trainer's."""
     from exporter.parsers.failures import exit_text
     from exporter.sources.child import FORWARDED_SIGNALS, SIGNAL_CHECK_SECONDS, ChildOutput
+    from exporter.stopping.stopper import STOPPED_EXIT
     if args.linger < 0:
         raise UsageError("--linger must be 0 or more seconds")
     stop, ended = threading.Event(), threading.Event()  # ended: the trainer's output was all read
@@ -87,11 +88,18 @@ def main(args: argparse.Namespace) -> int:
         grace = STOP_GRACE_SECONDS if stop.is_set() else SETUP_GRACE_SECONDS  # a signal: be quick
         side["setup_done"].wait(grace)
         exporter_side.join(grace)
-        if status:
+        stopper = side["exporter"].trainer_stopper if "exporter" in side else None
+        stopped = stopper is not None and stopper.stopped  # early_stop.action signal: we stopped it, it did not fail
+        if stopped:
+            stopper.close()
+            log.warning("run: the exporter stopped the trainer at step %s (%s); %s; exit status %d",
+                        stopper.stop["step"], stopper.stop["reason"], exit_text(status), STOPPED_EXIT)
+            status = STOPPED_EXIT
+        elif status:
             log.warning("run: %s", exit_text(status))
         # after its output was read: its verdict (crashed or not) for the linger's scrapes; a trainer ended by a
-        # signal we forwarded (the pod stopping) was stopped, not crashed
-        if "exporter" in side and not before_exit:
+        # signal we forwarded (the pod stopping) or stopped by us was stopped, not crashed
+        if "exporter" in side and not before_exit and not stopped:
             side["exporter"].trainer_exited(side["run"], status)
         # keep serving for a last scrape; a signal that came since the trainer exited is ours (the pod stops): none
         if "listener" in side and args.linger and len(taken) == before_exit:
@@ -126,6 +134,8 @@ def _run_exporter(args: argparse.Namespace, child, ended: threading.Event, side:
         parse_listen_address(listen)
         exporter = Exporter(cfg, specs[1:], Launch(child_spec.run, token))  # the feed of this launch: one run
         exporter.stop_signal = stop_signal(cfg)
+        from exporter.stopping.setup import stop_child  # early_stop.action signal: the trainer we started
+        stop_child(exporter, child_spec.run, child.pid, lambda: child.proc.poll() is None)
         exporter.add_input(child_spec, child.feed, first=True)
         exporter.supervise(child_spec.run)
         gpu = gpu_service(cfg, args.no_gpu)

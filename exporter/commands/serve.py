@@ -44,6 +44,9 @@ def _serve_setup(args: argparse.Namespace, stdin) -> tuple[Exporter, str, GpuSer
         exporter.run_state(args.run or cfg.run)
         log.info("no log: serving run %s's GPUs only", args.run or cfg.run)
     exporter.stop_signal = stop_signal(cfg)
+    from exporter.stopping.setup import stop_sidecar_trainer  # early_stop.action signal: the trainer beside us
+    named = args.run or cfg.run
+    stop_sidecar_trainer(exporter, [named] if named else [s.run for s in specs])
     listen = args.listen_address or cfg.listen_address
     parse_listen_address(listen)
     return exporter, listen, gpu_service(cfg, args.no_gpu), web

@@ -262,6 +262,15 @@ class ExporterCollector(Collector):
                                     "0 when it is off), by outcome: written, or failed (tried again after the next "
                                     "records).", labels=["run", "outcome"])
         signal = ex.stop_signal
+        stopper = ex.trainer_stopper
+        trainer_signals = CounterMetricFamily(p + "trainer_signals", "Signals sent to stop the trainer (config "
+                                              "early_stop.action: signal), by signal and outcome: sent, denied (a "
+                                              "process of another user: the sidecar must run as the trainer's user), "
+                                              "not_found (no process matched early_stop.process or pid, or the "
+                                              "trainer had exited).", labels=["run", "signal", "outcome"])
+        if stopper is not None:
+            for (sig, outcome), n in sorted(stopper.signals.items()):
+                trainer_signals.add_metric([stopper.run, sig, outcome], n)
         for name, run in ex.runs.items():
             st = ex.stats[name].total()
             for (fmt, outcome), n in sorted(st.line_counts().items()):
@@ -336,7 +345,7 @@ class ExporterCollector(Collector):
                                  labels=["version", "revision", "python"])  # as Prometheus: {version, revision, ...}
         info.add_metric([__version__, REVISION or "unknown", platform.python_version()], 1.0)
         yield from (lines, errors, records, last, dropped, lines_dropped, skipped, disagreements, step_sources, resets,
-                    stops)
+                    stops, trainer_signals)
         yield from (up, rotations, truncations, resumed, read_errors, read_bytes, dropped_bytes, write_errors,
                     log_dropped, info)
 

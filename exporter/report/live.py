@@ -83,9 +83,10 @@ def stopping(active: list[ActiveFinding], settings: EarlyStopSettings) -> list[A
 
 
 def run_document(run: RunState, settings: EarlyStopSettings, stats: IngestStats | None = None,
-                 now: float | None = None) -> dict[str, Any]:
+                 now: float | None = None, stopped: dict[str, Any] | None = None) -> dict[str, Any]:
     """One run's verdict as /api/v1/verdict gives it: the fields of `posttrain-exporter report --format json` that
-    a run has while it runs (run, verdict, step, finished, worst, read, crash), and its active findings."""
+    a run has while it runs (run, verdict, step, finished, worst, read, crash), its active findings, and `stopped`:
+    the exporter's stop of its trainer by signals (early_stop.action: signal), once begun."""
     found = findings(run)
     judged = judgment_of(run)  # as `report` judges it (one function)
     active = active_findings(run)
@@ -105,6 +106,7 @@ def run_document(run: RunState, settings: EarlyStopSettings, stats: IngestStats 
         "reward_function": reward_function_json(run.reward_function_errors, run.reward_function_error),
         "worst": next((s for s in STOP_SEVERITIES if s in severities), None),
         "stop": bool(stopping(active, settings)),
+        "stopped": stopped,
         "active": [f.as_json() for f in active],
         "findings": [{"alert": f.alert, "detector": f.detector, "severity": f.severity, "component": f.component,
                       "first_step": f.first_step, "last_step": f.last_step,
@@ -119,12 +121,18 @@ def training_of(run: RunState) -> dict[str, Any] | None:
 
 
 def verdict_document(runs: Iterable[RunState], settings: EarlyStopSettings, only: str | None = None,
-                     stats: Mapping[str, IngestStats] | None = None) -> dict[str, Any]:
-    """Every run's verdict (or the run named `only`), and the stop signal's settings."""
+                     stats: Mapping[str, IngestStats] | None = None,
+                     stopped: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Every run's verdict (or the run named `only`), and the stop signal's settings. `stopped`: by run, the stop
+    of its trainer by signals."""
     return {
-        "runs": [run_document(r, settings, (stats or {}).get(r.name)) for r in runs if only is None or r.name == only],
+        "runs": [run_document(r, settings, (stats or {}).get(r.name), stopped=(stopped or {}).get(r.name))
+                 for r in runs if only is None or r.name == only],
         "early_stop": {"enabled": settings.enabled, "file": settings.file, "severity": settings.severity,
-                       "detectors": None if settings.detectors is None else sorted(settings.detectors)},
+                       "detectors": None if settings.detectors is None else sorted(settings.detectors),
+                       "action": settings.action,
+                       **({"signal": settings.signal, "grace_seconds": settings.grace_seconds,
+                           "kill_after_seconds": settings.kill_after_seconds} if settings.signals else {})},
     }
 
 

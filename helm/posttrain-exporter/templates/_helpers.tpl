@@ -59,6 +59,24 @@ in the trainer at sidecar.logsMountPath) and the exporter's config. In your pod 
   secret:
     secretName: {{ .secretName }}
 {{- end }}{{ end }}
+{{- if $v.earlyStop.action }}
+- name: posttrain-stop
+  emptyDir: {}
+{{- end }}
+{{- end -}}
+
+{{/*
+Whether the pod must set shareProcessNamespace: true: "true" or "false". The fallback sidecar watches the trainer's
+processes to end with it, and earlyStop.action=signal finds the trainer's processes to signal them. In your pod spec:
+  {{- if eq (include "posttrain-exporter.sharesProcesses" (dict "root" $)) "true" }}
+  shareProcessNamespace: true
+  {{- end }}
+and pass "shareProcessNamespace" true to the sidecar template, which refuses earlyStop.action=signal without it.
+*/}}
+{{- define "posttrain-exporter.sharesProcesses" -}}
+{{- $v := get . "values" | default (index .root.Values "posttrain-exporter") | default .root.Values -}}
+{{- $native := eq (include "posttrain-exporter.native" (dict "root" .root "values" $v)) "true" -}}
+{{- or (not $native) (eq $v.earlyStop.action "signal") -}}
 {{- end -}}
 
 {{/*
@@ -121,6 +139,7 @@ Its port is named `metrics`. Besides root, values and run, the context may give,
              sidecar.logSource
   runLabel   the pod label the run name is read from (downward API) when no run is given; default
              sidecar.runLabel (job-name)
+  shareProcessNamespace  true when the pod spec sets it: earlyStop.action=signal needs it to find the trainer
   initContainers:
     {{- include "posttrain-exporter.sidecar" (dict "root" $ "run" "grpo-7b") | nindent 8 }}
 */}}
@@ -133,6 +152,15 @@ Its port is named `metrics`. Besides root, values and run, the context may give,
 {{- fail (printf "logSource: %q is not file, kubernetes or none" $source) -}}
 {{- end -}}
 {{- $runLabel := get . "runLabel" | default $s.runLabel | default "job-name" -}}
+{{- $stop := $v.earlyStop -}}
+{{- if and (eq $stop.action "signal") (ne $source "none") -}}
+{{- if not (get . "shareProcessNamespace") -}}
+{{- fail "earlyStop.action=signal: the sidecar signals the trainer in another container of the pod, so the pod must share its process namespace: set shareProcessNamespace: true in the pod spec (see the posttrain-exporter.sharesProcesses template) and pass (dict ... \"shareProcessNamespace\" true) to the sidecar template; or use earlyStop.action=file with the trainer's callback" -}}
+{{- end -}}
+{{- if not $stop.process -}}
+{{- fail "earlyStop.action=signal: set earlyStop.process to a piece of the trainer's command line (e.g. verl.trainer.main_ppo, train.py), by which the sidecar finds the processes to signal" -}}
+{{- end -}}
+{{- end -}}
 {{- $run := get . "run" | default $s.run | default "$(RUN_NAME)" -}}
 {{- /* serve's own options only, after the subcommand: `serve` accepts --log.level and --log.format too */ -}}
 {{- $args := list "serve" -}}
@@ -266,6 +294,11 @@ which the GPU board joins the pod's GPUs on) and its GPUs, and no records (no st
     - name: posttrain-exporter-web
       mountPath: {{ $web.mountPath }}
       readOnly: true
+    {{- end }}
+    {{- if $stop.action }}
+    # earlyStop: the stop file (and the record of a stop by signals, so that a restarted sidecar stops no run twice)
+    - name: posttrain-stop
+      mountPath: {{ $stop.mountPath }}
     {{- end }}
     {{- with $s.extraVolumeMounts }}
     {{- toYaml . | nindent 4 }}
