@@ -322,7 +322,8 @@ def test_api_errors_are_counted_logged_once_and_retried(k8s_env, monkeypatch, tm
 
 
 def test_env_shorthand_and_default_run_name(k8s_env, monkeypatch, tmp_path) -> None:
-    """`k8s://CONTAINER` takes the namespace and pod from POD_NAMESPACE and POD_NAME; the run is the container's."""
+    """`k8s://CONTAINER` takes the namespace and pod from POD_NAMESPACE and POD_NAME; the run is the pod's, as the
+    container's name (`trainer`) says nothing of the run."""
     entries = stamped(log_lines(FIXTURE.read_bytes())[:40], time.time() - 10)
     cluster = FakeCluster(entries, ["all"])
     try:
@@ -330,13 +331,13 @@ def test_env_shorthand_and_default_run_name(k8s_env, monkeypatch, tmp_path) -> N
         monkeypatch.setenv("POD_NAMESPACE", NS)
         monkeypatch.setenv("POD_NAME", POD)
         path = f"k8s://{CONTAINER}"
-        assert default_run_name(path) == CONTAINER == default_run_name(f"k8s://{NS}/{POD}/{CONTAINER}")
+        assert default_run_name(path) == POD == default_run_name(f"k8s://{NS}/{POD}/{CONTAINER}")
         ex = Exporter(Config(), [LogSpec(path, default_run_name(path))])
         follow_to_end(ex)
     finally:
         cluster.close()
     assert f"/api/v1/namespaces/{NS}/pods/{POD}/log" in cluster.paths
-    assert ex.stats[CONTAINER].lines["hf_console", "record"] + ex.runs[CONTAINER].records["train"] > 0
+    assert ex.stats[POD].lines["hf_console", "record"] + ex.runs[POD].records["train"] > 0
 
 
 def test_serve_follows_a_container_and_serves_its_records(k8s_env, tmp_path) -> None:
@@ -508,7 +509,7 @@ def test_a_plugin_login_or_a_missing_service_account_stops_at_start(k8s_env, mon
         KubernetesLogReader.from_path(f"k8s://{NS}/{POD}/{CONTAINER}")
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     monkeypatch.setattr("exporter.sources.kubeapi.SERVICE_ACCOUNT", tmp_path / "none")
-    with pytest.raises(ConfigError, match="service account.*automountServiceAccountToken"):
+    with pytest.raises(ConfigError, match=r"service account.*automountServiceAccountToken"):
         KubernetesLogReader.from_path(f"k8s://{NS}/{POD}/{CONTAINER}")
 
 
