@@ -3,8 +3,9 @@ image holds no build tools and its base needs no venv package (Debian's python3-
 
 A wheel is a zip file laid out for site-packages; installing one is unpacking it there (its `*.data/` folders to
 their schemes), writing its console scripts, and compiling its bytecode. Parts of packages that nothing imports
-at run time are left out (PRUNED): test suites, type stubs, C headers, numpy's f2py; tests/test_image.py runs the
-image's exporter to check that it still serves.
+at run time are left out (PRUNED): test suites, type stubs, C headers, numpy's f2py, and the numpy subpackages the
+exporter never uses (random, fft; _simd is numpy's own SIMD test module). tests/test_image.py checks that the
+exporter's code names none of them and runs the image's exporter to check that it still serves.
 
 usage: python3 install_wheels.py PREFIX WHEEL...
 """
@@ -23,8 +24,9 @@ import venv
 import zipfile
 from pathlib import Path, PurePosixPath
 
-PRUNED = ("*/tests", "*/tests/*", "*.pyi", "numpy/_core/include/*", "numpy/f2py/*", "numpy/_pyinstaller/*",
-          "numpy/typing/*", "numpy/distutils/*", "numpy/conftest.py")
+NUMPY_LEFT_OUT = ("random", "fft", "typing", "f2py", "distutils")  # subpackages: tests/test_image.py reads this
+PRUNED = ("*/tests", "*/tests/*", "*.pyi", "numpy/_core/include/*", "numpy/_pyinstaller/*", "numpy/conftest.py",
+          "numpy/_core/_simd.*", *(f"numpy/{p}/*" for p in NUMPY_LEFT_OUT))
 
 
 def _pruned(name: str) -> bool:
