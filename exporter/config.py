@@ -122,15 +122,48 @@ class Config:
     early_stop: EarlyStopSettings = field(default_factory=EarlyStopSettings)
 
 
-def default_run_name(path: str) -> str:
-    if path == "-":
-        return "stdin"
-    # The file name less its last extension: `qwen2.5-7b-grpo.log` is `qwen2.5-7b-grpo` (a version's dots are
-    # part of the name); a folder (an output folder: `out/`, `ckpt/qwen2.5-7b`) keeps its whole name.
+# File stems that say nothing of the run (every trainer's log may be `train.log`, `stdout`, `combined.log`): such a
+# log's run is named after its folder, the first one up whose name is not one of these either (`/runs/grpo-7b/
+# logs/train.log` is `grpo-7b`); on Kubernetes, a container named so gives the pod's name.
+GENERIC_NAMES = frozenset({
+    "combined", "console", "debug", "log", "logs", "main", "nohup", "out", "output", "outputs", "run", "stderr",
+    "stdout", "train", "trainer", "training", "worker",
+})
+_FOLDERS_UP = 3  # folders looked at above a generic file name before settling for the stem
+_LABEL_SAFE = re.compile(r"^[^\s{}]+$")
+
+
+def file_run_name(path: str) -> str:
+    """The file name less its last extension: `qwen2.5-7b-grpo.log` is `qwen2.5-7b-grpo` (a version's dots are part
+    of the name); a folder (an output folder: `out/`, `ckpt/qwen2.5-7b`) keeps its whole name."""
     name = os.path.basename(os.path.normpath(path))
     if not path.endswith(("/", os.sep)) and not os.path.isdir(path):
         name = os.path.splitext(name)[0]
     return name or "run"
+
+
+def default_run_name(path: str) -> str:
+    """The run a log gives when none is set: its file's stem, or for a generic stem its folder's name (the pod's,
+    for a `k8s://` container with a generic name)."""
+    if path == "-":
+        return "stdin"
+    if path.startswith("k8s://"):
+        parts = path[len("k8s://"):].split("/")
+        pod = parts[1] if len(parts) == 3 else os.environ.get("POD_NAME", "")
+        container = parts[-1]
+        return pod if container.lower() in GENERIC_NAMES and pod and _LABEL_SAFE.match(pod) else container or "run"
+    stem = file_run_name(path)
+    if stem.lower() not in GENERIC_NAMES:
+        return stem
+    folder = os.path.dirname(os.path.abspath(path))
+    for _ in range(_FOLDERS_UP):
+        name = os.path.basename(folder)
+        if not name:
+            break  # the root
+        if name.lower() not in GENERIC_NAMES and _LABEL_SAFE.match(name):
+            return name
+        folder = os.path.dirname(folder)
+    return stem
 
 
 def load_config(path: str | None) -> Config:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Prepares a machine for the test suite: the Debian packages the end-to-end tests use (prometheus + promtool,
 # alertmanager + amtool, openssl, chromium) and a virtual environment with the exporter and its `test` and
-# `trl-test` extras (TRL on CPU, for the callback's tests). `scripts/setup.sh --bench` adds mtail, the ingest
-# benchmark's baseline. Running the exporter needs none of this: `pip install .` into a venv is enough.
+# `trl-test` extras (TRL on CPU, for the callback's tests). `scripts/setup.sh --bench` adds mtail, the ingest and
+# footprint benchmarks' baseline. Running the exporter needs none of this: `pip install .` into a venv is enough.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +17,7 @@ command -v chromium >/dev/null || missing+=(chromium)  # the report's HTML page,
 # tests/test_image.py: the sidecar image built without a daemon or a registry (scripts/image/build.sh)
 command -v buildah >/dev/null || missing+=(buildah)
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+command -v strip >/dev/null || missing+=(binutils)  # build.sh strips the wheels' debugging information
 command -v shellcheck >/dev/null || missing+=(shellcheck)  # actionlint checks the workflows' shell steps with it
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

@@ -138,7 +138,7 @@ def test_a_read_that_hangs_holds_neither_a_scrape_nor_sigterm(tmp_path) -> None:
         time.sleep(0.5)  # the loop is in its read by now
         for _ in range(5):
             took, body = timed_scrape(port)
-            assert took < 1.0 and value(body, "posttrain_step", run="train") is None
+            assert took < 1.0 and value(body, "posttrain_step", run=tmp_path.name) is None
     finally:
         stop_within(p)
 
@@ -165,7 +165,7 @@ def test_dump_of_a_fifo_waits_for_its_writer_then_reads_it_to_its_end(tmp_path) 
     finally:
         p.kill()
     assert p.returncode == 0
-    assert 'posttrain_step{run="train"} 3.0' in out.decode()
+    assert f'posttrain_step{{run="{tmp_path.name}"}} 3.0' in out.decode()  # train.fifo: named by its folder
 
 
 def test_dump_of_a_fifo_whose_writer_waits_already_never_cuts_it_off(tmp_path) -> None:

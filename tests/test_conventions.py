@@ -150,10 +150,10 @@ def test_logfmt_quotes_what_would_break_a_line() -> None:
 
 # --- POSTTRAIN_* environment variables ------------------------------------------------------------------------------
 
-def test_every_flag_has_a_variable_listed_in_the_readme() -> None:
+def test_every_flag_has_a_variable_listed_in_the_cli_doc() -> None:
     parser = build_parser(environ={})
     commands = next(a for a in parser._actions if a.dest == "command").choices
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "cli.md").read_text()
     flags = {(None, a.option_strings[0]) for a in parser._actions if a.option_strings
              and a.dest not in ("help", "version")}
     flags |= {(name, a.option_strings[0]) for name, cmd in commands.items() for a in cmd._actions
@@ -162,7 +162,7 @@ def test_every_flag_has_a_variable_listed_in_the_readme() -> None:
     for command, flag in flags:
         var = env_name(command, flag)
         row = re.search(rf"^\|[^\n]*`{re.escape(flag)}[ `][^\n]*`{var}`", readme, re.M)
-        assert row, f"README's flag table has no row for {flag} ({command or 'global'}) with {var}"
+        assert row, f"docs/cli.md's flag table has no row for {flag} ({command or 'global'}) with {var}"
 
 
 def test_report_output_format_and_its_older_name() -> None:

@@ -47,6 +47,18 @@ def test_readme_prometheus_config_is_valid(tmp_path) -> None:
     assert "SUCCESS: 2 rule files found" in r.stdout, r.stdout
 
 
+def test_readme_and_the_chart_scrape_at_one_interval() -> None:
+    """One interval story: the README's prometheus.yml and the chart's PodMonitor scrape alike (and say why)."""
+    import yaml
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = next(b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "scrape_configs:" in b)
+    readme = yaml.safe_load(block)["scrape_configs"][0]["scrape_interval"]
+    chart = yaml.safe_load((REPO / "helm" / "posttrain-exporter" / "values.yaml").read_text())["podMonitor"]["interval"]
+    assert readme == chart, f"README scrapes every {readme}, the chart's PodMonitor every {chart}"
+    assert f"Why {readme.removesuffix('s')} s" in text
+
+
 # References to texts outside the repository (the notes the project grew from): their "seeds", "Part II",
 # "(002)" and "practitioner's guide". A random-number seed ("seed=1", "data_seed: 10") is not one.
 UNSOURCED = re.compile(
@@ -82,3 +94,62 @@ def test_docs_and_modules_cite_nothing_outside_the_repository() -> None:
              for p in files for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
              if UNSOURCED.search(line)]
     assert not found, "say the idea itself, or cite a public source:\n" + "\n".join(found)
+
+
+# --- the README and the docs' links ----------------------------------------------------------------------------
+
+README_MAX_LINES = 300  # a page for the people who deploy it; the details are in docs/
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchors(path: Path) -> set[str]:
+    """The anchors GitHub makes for a Markdown file: its headings' slugs (lower case, punctuation dropped, spaces as
+    hyphens, a repeated one numbered) and explicit `<a id=...>`."""
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    seen: dict[str, int] = {}
+    out = set(re.findall(r"<a (?:id|name)=\"([^\"]+)\"", text))
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", "")).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def _links(path: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)  # code spans are not links
+    return [a or b for a, b in LINK.findall(text)]
+
+
+def test_readme_is_short_and_every_relative_link_in_it_and_the_docs_resolves() -> None:
+    readme = REPO / "README.md"
+    lines = len(readme.read_text(encoding="utf-8").splitlines())
+    assert lines <= README_MAX_LINES, f"README.md is {lines} lines: move details to docs/"
+    broken = []
+    for page in [readme, *sorted((REPO / "docs").glob("*.md"))]:
+        for link in _links(page):
+            if re.match(r"[a-z]+:", link):  # https:, mailto:: not this repository's
+                continue
+            target, _, anchor = link.partition("#")
+            dest = (page.parent / target).resolve() if target else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(REPO)}: {link} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{page.relative_to(REPO)}: {link} (no such heading in {dest.relative_to(REPO)})")
+    assert not broken, "\n".join(broken)
+
+
+def test_anchor_slugs_are_githubs() -> None:
+    page = REPO / "bench" / "README.md"
+    assert {"the-trainers-output", "every-log-shape"} <= _anchors(page)
+
+
+def test_no_issue_numbers_in_the_docs() -> None:
+    """A reader of the repository cannot open the tracker the work was planned in: the docs say what, not which
+    issue."""
+    pages = [*REPO.glob("*.md"), *REPO.glob("docs/*.md"), *REPO.glob("bench/*.md"), *REPO.glob("helm/**/*.md")]
+    found = [f"{p.relative_to(REPO)}:{n}: {line.strip()[:120]}" for p in pages
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"\bissues? #?\d+|#[\w-]*-issue-\d+", line, re.I)]
+    assert not found, "\n".join(found)

@@ -1009,15 +1009,19 @@ def test_gpu_only_worker_serves_the_run_label_for_real(helm, tmp_path):
 
 
 def test_kubernetes_docs_link_what_exists():
-    """The README's Kubernetes walk-through, the chart's README and the examples' README point at files that exist."""
+    """The Kubernetes walk-through (docs/kubernetes.md, linked from the README's section), the chart's README and the
+    examples' README point at files that exist."""
     import re
 
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("## Kubernetes\n"):readme.index("\n## ", readme.index("## Kubernetes\n") + 1)]
-    for needed in ("docs/kubernetes-source.md", "docs/alertmanager.example.yml", "helm/examples/cluster-values.yaml",
-                   "helm/examples/pytorchjob", "severity", "training.kubeflow.org/job-name"):
-        assert needed in section, needed
-    docs = [(REPO / "README.md", section), (CHART / "README.md", None), (EXAMPLES / "README.md", None)]
+    assert "docs/kubernetes.md" in section and "helm/examples/cluster-values.yaml" in section
+    walk = (REPO / "docs" / "kubernetes.md").read_text()
+    for needed in ("kubernetes-source.md", "alertmanager.example.yml", "../helm/examples/cluster-values.yaml",
+                   "../helm/examples/pytorchjob", "severity", "training.kubeflow.org/job-name"):
+        assert needed in walk, needed
+    docs = [(REPO / "README.md", section), (REPO / "docs" / "kubernetes.md", walk), (CHART / "README.md", None),
+            (EXAMPLES / "README.md", None)]
     for path, text in docs:
         text = text if text is not None else path.read_text()
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):

@@ -1,6 +1,8 @@
 """The sidecar image, built as CI and a release build it (scripts/image/build.sh: a base from Debian's packages by
 mmdebstrap, pinned wheels, buildah with chroot isolation) and run as the chart runs it: as its configured non-root
-user, on a read-only root file system, serving `demo` on loopback, scraped.
+user, on a read-only root file system, serving `demo` on loopback, scraped. Its size is held to SIZE_LIMIT, and a
+plain `buildah bud .` (the Containerfile's default base, here replaced by the local one: no registry is reachable)
+builds an image that serves too.
 
 No container runtime works on these machines, so the test runs the image's root file system the way a runtime
 would for this image: the image's own entrypoint, user, environment and working directory (read from its config),
@@ -23,9 +25,13 @@ from support.loopback import free_port, scrape_until
 
 from exporter import __version__
 
-pytestmark = pytest.mark.slow
 IMAGE = f"localhost/posttrain-exporter-test:{__version__}"
+PLAIN = "localhost/posttrain-exporter-plain-bud:test"
 ENV = {**os.environ, "STORAGE_DRIVER": "vfs"}
+# A training node pulls the sidecar beside a trainer image: a third of what it was with the kubernetes client
+# (431 MB). Uncompressed, as `buildah images` shows it (MB: 10^6 bytes); bench/README.md has the breakdown.
+SIZE_LIMIT = 150_000_000
+pytestmark = pytest.mark.slow
 
 
 def _buildah(*args: str, timeout: float = 120) -> str:
@@ -36,22 +42,36 @@ def _buildah(*args: str, timeout: float = 120) -> str:
 
 @pytest.fixture(scope="module")
 def image() -> Iterator[dict]:
+    yield from _built(None)
+
+
+def _built(plain: Path | None) -> Iterator[dict]:
+    """The image of build.sh, or (`plain`: a Containerfile) of a plain `buildah bud` once build.sh made the base and
+    the wheels; its config and its root file system mounted."""
     for tool in ("buildah", "mmdebstrap", "unshare", "chroot"):
         require_binary(tool)
     if os.geteuid() != 0:
         pytest.skip("running the image's root file system needs root (CI runs as root)")
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    r = subprocess.run([str(REPO / "scripts" / "image" / "build.sh"), IMAGE], capture_output=True, text=True,
-                       timeout=900, env=ENV, cwd=REPO)
-    assert r.returncode == 0, r.stderr[-4000:]
-    assert r.stdout.strip().splitlines()[-1] == IMAGE
-    config = json.loads(_buildah("inspect", "--type", "image", IMAGE))["OCIv1"]["config"]
-    ctr = _buildah("from", IMAGE)
+    if plain is None:
+        name = IMAGE
+        r = subprocess.run([str(REPO / "scripts" / "image" / "build.sh"), IMAGE], capture_output=True, text=True,
+                           timeout=900, env=ENV, cwd=REPO)
+        assert r.returncode == 0, r.stderr[-4000:]
+        assert r.stdout.strip().splitlines()[-1] == IMAGE
+    else:  # no --build-arg: every ARG at its default
+        name = PLAIN
+        r = subprocess.run(["buildah", "bud", "--isolation", "chroot", "--layers=false", "-f", str(plain), "-t", name,
+                            "."], capture_output=True, text=True, timeout=900, env=ENV, cwd=REPO)
+        assert r.returncode == 0, r.stderr[-4000:]
+    inspected = json.loads(_buildah("inspect", "--type", "image", name))
+    ctr = _buildah("from", name)
     try:
-        yield {"config": config, "root": _buildah("mount", ctr), "revision": head or "unknown"}
+        yield {"config": inspected["OCIv1"]["config"], "root": _buildah("mount", ctr), "revision": head or "unknown",
+               "manifest": json.loads(inspected["Manifest"]), "name": name}
     finally:
         _buildah("rm", ctr)
-        _buildah("rmi", "--force", IMAGE)
+        _buildah("rmi", "--force", name)
 
 
 def _as_the_image_runs(image: dict, args: list[str]) -> list[str]:
@@ -92,6 +112,10 @@ def test_image_runs_as_non_root_on_a_read_only_root(image: dict) -> None:
 
 
 def test_image_serves_demo_and_is_scraped(image: dict, tmp_path) -> None:
+    _serves_demo(image, tmp_path)
+
+
+def _serves_demo(image: dict, tmp_path) -> None:
     port = free_port()
     err = (tmp_path / "stderr").open("wb")
     proc = subprocess.Popen(_as_the_image_runs(image, ["demo", "--web.listen-address", f"127.0.0.1:{port}"]),
@@ -124,6 +148,67 @@ def test_image_serves_demo_and_is_scraped(image: dict, tmp_path) -> None:
     assert left == "", f"the image's exporter outlived its container: {left}"
 
 
+def test_image_is_at_most_150_mb_and_holds_no_build_tools(image: dict) -> None:
+    size = sum(layer["size"] for layer in image["manifest"]["layers"])  # the layers as stored: uncompressed tars
+    assert size <= SIZE_LIMIT, f"the image is {size / 1e6:.1f} MB, over {SIZE_LIMIT / 1e6:.0f} MB"
+    root = Path(image["root"])
+    tools = [str(p.relative_to(root)) for p in root.glob("usr/**/*-packages/*")
+             if re.match(r"(pip|setuptools|wheel|_distutils_hack)(-|$)", p.name)]
+    tools += [str(p.relative_to(root)) for p in root.glob("opt/posttrain-exporter/bin/*")
+              if p.name.startswith(("pip", "easy_install", "wheel"))]
+    tools += [str(p.relative_to(root)) for d in ("usr", "opt") for p in (root / d).rglob("*.whl")]
+    assert tools == [], f"build tools left in the image: {tools}"
+    site = next(root.glob("opt/posttrain-exporter/lib/python3*/site-packages"))
+    assert {p.name.split("-")[0].lower() for p in site.glob("*.dist-info")} >= {"numpy", "prometheus_client"}
+    assert not (site / "kubernetes").exists() and not (site / "urllib3").exists()
+
+
+def test_plain_buildah_bud_with_the_default_base_builds_an_image_that_serves(image: dict, tmp_path) -> None:
+    """`buildah bud .` as a user runs it, no build arguments, with the Containerfile's default base replaced by the
+    local one (where a registry can be reached the default is pulled instead); the wheels build.sh left in
+    image/wheels are what it installs."""
+    text = (REPO / "Containerfile").read_text()
+    default = re.search(r"^ARG BASE=(\S+)$", text, re.M)
+    assert default is not None and "/" in default[1], "Containerfile: ARG BASE needs a default a registry has"
+    base = f"localhost/posttrain-exporter-base:bookworm-{_arch()}"  # what build.sh made for the image fixture
+    plain = tmp_path / "Containerfile"
+    plain.write_text(text.replace(default[0], f"ARG BASE={base}"))
+    for built in _built(plain):
+        cfg = built["config"]
+        assert cfg["Entrypoint"] == ["posttrain-exporter"] and cfg["User"] == "10001:10001"
+        _serves_demo(built, tmp_path)
+
+
+def _arch() -> str:
+    return subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True).stdout.strip()
+
+
+def test_the_exporter_uses_no_numpy_part_the_image_leaves_out() -> None:
+    """install_wheels.py leaves numpy's random, fft and the like out of the image: the exporter's code must name
+    none of them (np.random, numpy.fft, `from numpy import random`), or the image would fail where tests pass."""
+    import ast
+    import sys
+
+    sys.path.insert(0, str(REPO / "scripts" / "image"))
+    try:
+        from install_wheels import NUMPY_LEFT_OUT
+    finally:
+        sys.path.pop(0)
+    used = []
+    for path in (REPO / "exporter").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id in ("np", "numpy") and node.attr in NUMPY_LEFT_OUT:
+                used.append(f"{path.name}: {node.value.id}.{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("numpy"):
+                parts = node.module.split(".")[1:] + [a.name for a in node.names]
+                used += [f"{path.name}: from {node.module}" for p in parts if p in NUMPY_LEFT_OUT]
+            elif isinstance(node, ast.Import):
+                used += [f"{path.name}: import {a.name}" for a in node.names
+                         if a.name.split(".")[0] == "numpy" and set(a.name.split(".")[1:]) & set(NUMPY_LEFT_OUT)]
+    assert used == [], used
+
+
 def test_every_dependency_is_pinned_for_the_image() -> None:
     import tomllib
 
@@ -131,6 +216,7 @@ def test_every_dependency_is_pinned_for_the_image() -> None:
     pinned = {re.split(r"==", ln)[0].lower().replace("_", "-")
               for ln in (REPO / "image" / "constraints.txt").read_text().splitlines()
               if ln and not ln.startswith("#")}
-    wanted = [*project["dependencies"], *project["optional-dependencies"]["kubernetes"]]
+    wanted = project["dependencies"]
+    assert "kubernetes" not in project.get("optional-dependencies", {})  # the k8s:// source needs no client package
     names = {re.match(r"[A-Za-z0-9_.-]+", d)[0].lower().replace("_", "-") for d in wanted}
     assert names <= pinned, f"not pinned in image/constraints.txt: {sorted(names - pinned)}"

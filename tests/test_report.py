@@ -424,6 +424,26 @@ def test_long_run_charts_read_well(long_verdict: RunVerdict) -> None:
     assert "<script" not in page and "src=" not in page and "url(" not in page
 
 
+def test_the_regime_strip_has_a_step_axis(long_verdict: RunVerdict) -> None:
+    """Under the KL-versus-reward strip, round steps (multiples of 1, 2 or 5 times a power of ten) from the run's
+    first to its last logged step, each placed where that step is on the strip, inside it."""
+    page = to_html([long_verdict])
+    strip = ET.fromstring(re.search(r'<svg class="regime".*?</svg>', page, re.S).group(0))
+    width = float(strip.get("width"))
+    bar = [r for r in strip.iter("rect")]
+    left, right = float(bar[0].get("x")), max(float(r.get("x")) + float(r.get("width")) for r in bar)
+    ticks = [(int(t.text), float(t.get("x"))) for t in strip.iter("text") if t.get("class") == "xtick"]
+    steps = [s for s, _ in ticks]
+    assert 3 <= len(ticks) <= 7 and steps == sorted(steps) and steps[-1] <= LONG_STEPS, ticks
+    gap = steps[1] - steps[0]
+    assert all(b - a == gap for a, b in itertools.pairwise(steps))
+    assert re.fullmatch(r"[125]0*", str(gap)), gap
+    for step, x in ticks[:-1]:  # the last label may be anchored at its end, inside the strip
+        assert abs(x - (left + (step - 1) / (LONG_STEPS - 1) * (right - left))) < 2, (step, x)
+    assert all(0 <= x <= width for _, x in ticks)
+    assert any(t.text == "step" for t in strip.iter("text"))
+
+
 # Measures the rendered page (a copy with this script added: the report itself has none) and writes what it found
 # into the DOM, which chromium --dump-dom prints.
 _MEASURE = """<script>
@@ -496,3 +516,29 @@ def test_a_sampling_run_whose_reward_key_is_not_read_says_it_was_not_judged(tmp_
     for name in ("grpo", "sft", "dpo"):  # the trainers' own keys: nothing left unjudged
         out = json.loads(run_cli("report", "--output.format", "json", str(TRL / name / "combined.log")).stdout)
         assert out["runs"][0]["unjudged"] == [], name
+
+
+def test_the_instrument_table_keeps_its_columns_on_long_names(tmp_path) -> None:
+    """Reward functions with long names (TRL's `rewards/<function>/mean`, one instrument each): every row's numbers
+    end where the header's columns end, and a name past the cap is shortened in its middle, keeping both ends."""
+    names = ["format_reward", "accuracy_reward_of_the_verifier_that_checks_the_final_boxed_answer",
+             "length_penalty_" + "scaled_by_the_reference_length_of_the_prompt_" * 2 + "end"]
+    log = tmp_path / "grpo.jsonl"
+    log.write_text("".join(json.dumps({"step": i, "reward": i / 40, "kl": 0.01,
+                                       **{f"rewards/{n}/mean": 0.5 + i / 70 for n in names}}) + "\n"
+                           for i in range(1, 40)))
+    res = run_cli("report", str(log))
+    assert res.returncode == 0, res.stderr.decode()
+    text = res.stdout.decode().splitlines()
+    head = next(i for i, ln in enumerate(text) if ln.lstrip().startswith("instrument "))
+    rows = [ln for ln in text[head + 1:] if ln.startswith("  ") and ln.rstrip().endswith(("rising", "falling", "flat"))]
+    assert len(rows) >= 3, text[head:]
+
+    def ends(line: str) -> list[int]:  # where each number column ends: before the trend
+        body = line.rsplit("  ", 1)[0]
+        return [m.end() for m in re.finditer(r"\S+", body)][-5:]
+
+    assert all(ends(r) == ends(text[head]) for r in rows), "\n".join(text[head:head + len(rows) + 1])
+    shortened = [r.split()[0] for r in rows if "…" in r]
+    assert len(shortened) == 2 and all(n.startswith("reward_component{comp") and len(n) == 64 for n in shortened)
+    assert {n[-7:] for n in shortened} == {"answer}", "pt_end}"}

@@ -36,21 +36,65 @@ def test_two_trainer_states_with_the_same_name_stay_two_runs(tmp_path) -> None:
 
 
 def test_same_stem_in_deeper_folders_takes_as_many_folders_as_it_needs(tmp_path) -> None:
-    paths = [str(tmp_path / "x" / "out" / "train.log"), str(tmp_path / "y" / "out" / "train.log")]
+    paths = [str(tmp_path / "x" / "ckpt" / "grpo.log"), str(tmp_path / "y" / "ckpt" / "grpo.log")]
     specs = log_specs(Config(), paths, None, "auto")
-    assert [s.run for s in specs] == ["x/out/train", "y/out/train"]
+    assert [s.run for s in specs] == ["x/ckpt/grpo", "y/ckpt/grpo"]
 
 
 def test_a_named_run_keeps_its_name_and_the_other_is_renamed(tmp_path) -> None:
-    cfg = parse_config({"logs": [{"path": str(tmp_path / "a.log"), "run": "train"}]})
-    specs = log_specs(cfg, [str(tmp_path / "sub" / "train.log")], None, "auto")
-    assert [s.run for s in specs] == ["train", "sub/train"]
+    cfg = parse_config({"logs": [{"path": str(tmp_path / "a.log"), "run": "grpo"}]})
+    specs = log_specs(cfg, [str(tmp_path / "sub" / "grpo.log")], None, "auto")
+    assert [s.run for s in specs] == ["grpo", "sub/grpo"]
 
 
 def test_the_same_file_twice_is_read_once(tmp_path) -> None:
-    path = str(tmp_path / "train.log")
+    path = str(tmp_path / "grpo.log")
     cfg = parse_config({"logs": [path]})
-    assert log_specs(cfg, [path], None, "auto") == [LogSpec(path, "train")]
+    assert log_specs(cfg, [path], None, "auto") == [LogSpec(path, "grpo")]
+
+
+# --- generic file names ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["combined.log", "train.log", "stdout", "stderr.txt", "output.log", "log.txt",
+                                  "logs", "training.log", "console.log", "out.log", "Train.LOG"])
+def test_a_generic_file_name_gives_its_folders_name(tmp_path, name) -> None:
+    (tmp_path / "runs" / "qwen2.5-7b-grpo" / "logs").mkdir(parents=True)
+    path = tmp_path / "runs" / "qwen2.5-7b-grpo" / "logs" / name  # logs/: generic too, passed over
+    assert default_run_name(str(path)) == "qwen2.5-7b-grpo"
+    assert default_run_name(str(tmp_path / "dpo-run3" / name)) == "dpo-run3"
+    assert default_run_name("qwen2.5-7b-grpo.log") == "qwen2.5-7b-grpo"  # a name that says something stays
+
+
+def test_generic_names_all_the_way_up_keep_the_stem() -> None:
+    assert default_run_name("/logs/train.log") == "train"
+    assert default_run_name("/out/logs/output/stdout") == "stdout"
+
+
+def test_the_cli_names_the_run_after_the_folder_and_run_still_wins(tmp_path) -> None:
+    """The bundled GRPO log as `grpo-7b/combined.log`: run grpo-7b; `--run` and the config's `run` still win;
+    two generic logs of one folder are told apart by their stems."""
+    (tmp_path / "grpo-7b").mkdir()
+    log = tmp_path / "grpo-7b" / "combined.log"
+    shutil.copy(TRL / "grpo" / "combined.log", log)
+    res = run_cli("dump", "--no-gpu", str(log))
+    assert res.returncode == 0, res.stderr.decode()
+    assert set(samples(res.stdout.decode(), "posttrain_step")) == {"grpo-7b"}
+    assert [s.run for s in log_specs(Config(), [str(log)], "mine", "auto")] == ["mine"]
+    assert [s.run for s in log_specs(Config(run="cfg"), [str(log)], None, "auto")] == ["cfg"]
+    cfg = parse_config({"logs": [{"path": str(log), "run": "named"}]})
+    assert [s.run for s in log_specs(cfg, [], None, "auto")] == ["named"]
+    both = [str(tmp_path / "grpo-7b" / "stdout.log"), str(tmp_path / "grpo-7b" / "stderr.log")]
+    assert [s.run for s in log_specs(Config(), both, None, "auto")] == ["grpo-7b/stdout", "grpo-7b/stderr"]
+
+
+def test_a_kubernetes_container_with_a_generic_name_gives_the_pods(monkeypatch) -> None:
+    assert default_run_name("k8s://team-a/grpo-7b-0/trainer") == "grpo-7b-0"
+    assert default_run_name("k8s://team-a/grpo-7b-0/reward-model") == "reward-model"
+    monkeypatch.setenv("POD_NAME", "dpo-13b-master-0")
+    assert default_run_name("k8s://train") == "dpo-13b-master-0"
+    monkeypatch.delenv("POD_NAME")
+    assert default_run_name("k8s://train") == "train"
 
 
 def test_two_logs_given_the_same_run_is_an_error(tmp_path) -> None:
@@ -84,8 +128,8 @@ def test_run_names_the_trainer_and_files_beside_it_by_their_names() -> None:
 @pytest.mark.parametrize(("path", "run"), [
     ("/runs/qwen2.5-7b-grpo.log", "qwen2.5-7b-grpo"),  # a version's dots stay: only the last extension goes
     ("out/llama-3.1-8b.dpo.jsonl", "llama-3.1-8b.dpo"),
-    ("train.log", "train"),
-    ("out/", "out"),
+    ("/train.log", "train"),  # generic, and no folder above it to take a name from
+    ("/out/", "out"),
     ("/data/qwen2.5-7b/", "qwen2.5-7b"),  # an output folder keeps its whole name
     ("noext", "noext"),
     ("-", "stdin"),

@@ -105,7 +105,7 @@ def test_cli_serves_on_ipv6_loopback(tmp_path) -> None:
     p = subprocess.Popen(exporter_cmd("serve", "--no-gpu", "--web.listen-address", f"[::1]:{port}", "--log", str(log)),
                          cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        body = wait_body(f"http://[::1]:{port}/metrics", 'posttrain_step{run="train"} 3.0')
+        body = wait_body(f"http://[::1]:{port}/metrics", f'posttrain_step{{run="{tmp_path.name}"}} 3.0')  # its folder
         assert "posttrain_loss" in body
     finally:
         p.terminate()
@@ -179,7 +179,7 @@ def test_workers_are_bounded_and_slow_clients_never_occupy_them(server) -> None:
         assert time.monotonic() - t0 < 1.0
         slow[0].send(b"ow\r\n\r\n")  # a trickled request, once whole, is answered
         slow[0].settimeout(5)
-        assert slow[0].recv(100).startswith(b"HTTP/1.0 200")
+        assert slow[0].recv(100).startswith(b"HTTP/1.1 200")
     finally:
         for s in slow:
             s.close()
@@ -194,7 +194,7 @@ def test_fifty_concurrent_scrapers_with_slow_clients_holding_connections(tmp_pat
                          cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     slow: list[socket.socket] = []
     try:
-        wait_body(f"http://127.0.0.1:{port}/metrics", 'posttrain_step{run="combined"}')
+        wait_body(f"http://127.0.0.1:{port}/metrics", 'posttrain_step{run="grpo"}')  # grpo/combined.log
         slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
         for s in slow[::2]:
             s.send(b"GET /metrics HTTP/1.1\r\n")
@@ -333,7 +333,7 @@ def test_stalled_tls_handshakes_hold_no_worker(server, pki, tmp_path) -> None:
         assert time.monotonic() - t0 < 1.0
         silent[0].sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # a handshaken client asks at last
         silent[0].settimeout(5)
-        assert silent[0].recv(100).startswith(b"HTTP/1.0 200")
+        assert silent[0].recv(100).startswith(b"HTTP/1.1 200")
         assert httpd.tls_failures == 0  # nothing failed: they are still waiting
         assert httpd._gate.holding_tls == 3  # the 3 handshaken and silent; a partial ClientHello holds no SSL object
     finally:
@@ -348,7 +348,7 @@ def test_tls_request_body_after_the_head_reaches_the_handler(server, pki, tmp_pa
                                          server_hostname="localhost") as s:
         s.settimeout(5)
         s.sendall(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nabcd")
-        assert s.recv(100).startswith(b"HTTP/1.0 405")
+        assert s.recv(100).startswith(b"HTTP/1.1 405")
 
 
 def client_hello(pki: PKI) -> bytes:
@@ -434,7 +434,7 @@ def test_stalled_handshakes_and_wrong_passwords_leave_a_verified_scraper_fast(pk
     flood = None
     try:
         ctx = client_context(pki)
-        wait_body(f"https://localhost:{port}/metrics", 'posttrain_step{run="train"} 7.0', context=ctx,
+        wait_body(f"https://localhost:{port}/metrics", f'posttrain_step{{run="{tmp_path.name}"}} 7.0', context=ctx,
                   headers=basic("prometheus", PASSWORD))  # verified once
         flood = subprocess.Popen([sys.executable, webflood.__file__, "--port", str(port), "--ca", str(pki.ca),
                                   "--stalled", "32", "--wrong", "150", "--seconds", "9"],
@@ -524,7 +524,7 @@ def test_tls_and_basic_auth_through_the_cli(pki, hashed, tmp_path) -> None:
     p, port = serve_tls_with_password(pki, hashed, tmp_path)
     try:
         ctx = client_context(pki)
-        wait_body(f"https://localhost:{port}/metrics", 'posttrain_step{run="train"} 7.0', context=ctx,
+        wait_body(f"https://localhost:{port}/metrics", f'posttrain_step{{run="{tmp_path.name}"}} 7.0', context=ctx,
                   headers=basic("prometheus", PASSWORD))
         assert get(f"https://localhost:{port}/metrics", context=ctx)[0] == 401
         assert get(f"https://localhost:{port}/healthz", context=ctx)[0] == 401
@@ -636,7 +636,7 @@ def test_head_has_the_headers_of_get_and_no_body(server, path) -> None:
 def test_head_refused_by_basic_auth_has_no_body(server, hashed, tmp_path) -> None:
     port = port_of(server(web=parse_web_config({"basic_auth_users": {"prometheus": hashed}}, str(tmp_path))))
     status, headers, body = raw_request(port, b"HEAD /healthz HTTP/1.0\r\n\r\n")
-    assert status.startswith(b"HTTP/1.0 401") and body == b"" and headers["www-authenticate"].startswith("Basic")
+    assert status.startswith(b"HTTP/1.1 401") and body == b"" and headers["www-authenticate"].startswith("Basic")
 
 
 @pytest.mark.parametrize(("accept", "zipped"), [
@@ -647,7 +647,7 @@ def test_head_refused_by_basic_auth_has_no_body(server, hashed, tmp_path) -> Non
 def test_gzip_only_where_accept_encoding_allows_it(server, accept, zipped) -> None:
     port = port_of(server())
     status, headers, body = raw_request(port, f"GET /metrics HTTP/1.0\r\nAccept-Encoding: {accept}\r\n\r\n".encode())
-    assert status.startswith(b"HTTP/1.0 200")
+    assert status.startswith(b"HTTP/1.1 200")
     assert (headers.get("content-encoding") == "gzip") is zipped
     assert (body[:2] == b"\x1f\x8b") is zipped and int(headers["content-length"]) == len(body)
 
@@ -693,3 +693,80 @@ def test_address_key_groups_ipv6_by_64() -> None:
     assert address_key(("::ffff:10.0.0.1", 5, 0, 0)) == "10.0.0.1"
     assert address_key(("2001:db8::1", 5, 0, 0)) == address_key(("2001:db8::ffff:2", 9, 0, 0)) != \
         address_key(("2001:db8:0:1::1", 5, 0, 0))
+
+
+# --- HTTP/1.1 keep-alive ---------------------------------------------------------------------------------------
+
+
+def _requests_on_one_connection(conn: http.client.HTTPConnection, pause: float) -> list[tuple[int, dict, bytes]]:
+    """Several requests (GET, HEAD, another path) on `conn`, pausing between them; fails if the connection changes."""
+    out = []
+    conn.connect()
+    sock = conn.sock
+    for method, path in (("GET", "/metrics"), ("HEAD", "/metrics"), ("GET", "/healthz"), ("GET", "/metrics")):
+        conn.request(method, path)
+        r = conn.getresponse()
+        body = r.read()
+        assert r.version == 11 and not r.will_close, (method, path, dict(r.headers))
+        assert conn.sock is sock, "the server closed the connection between requests"
+        out.append((r.status, {k.lower(): v for k, v in r.headers.items()}, body))
+        time.sleep(pause)
+    return out
+
+
+def _no_runtime_named(headers: dict) -> None:
+    assert headers["server"] == "posttrain-exporter", headers
+    assert not any(w in v for v in headers.values() for w in ("Python", "WSGIServer", sys.version.split()[0]))
+
+
+def test_keep_alive_serves_several_requests_on_one_connection(server) -> None:
+    """As Prometheus scrapes: one connection, reused across scrapes further apart than the server's idle timeout
+    on a read (the wait for a next request is the keep-alive's, not the read's)."""
+    httpd = server(idle_timeout=0.3)
+    answers = _requests_on_one_connection(http.client.HTTPConnection("127.0.0.1", port_of(httpd), timeout=5), 0.8)
+    assert [a[0] for a in answers] == [200, 200, 200, 200]
+    assert b'posttrain_step{run="r"} 42.0' in answers[0][2] and answers[1][2] == b"" and answers[2][2] == b"ok\n"
+    for _, headers, _ in answers:
+        _no_runtime_named(headers)
+
+
+def test_keep_alive_over_tls(server, pki, tmp_path) -> None:
+    httpd = server(web=tls_config(pki, tmp_path), idle_timeout=0.3)
+    conn = http.client.HTTPSConnection("localhost", port_of(httpd), timeout=5, context=client_context(pki))
+    answers = _requests_on_one_connection(conn, 0.5)
+    assert [a[0] for a in answers] == [200, 200, 200, 200] and b"posttrain_step" in answers[3][2]
+
+
+def test_an_idle_kept_alive_connection_holds_no_worker(server) -> None:
+    """One worker: a scraper's idle kept-alive connection waits at the gate, so another client is served at once,
+    and the first one's next request is answered on its connection."""
+    httpd = server(workers=1)
+    first = http.client.HTTPConnection("127.0.0.1", port_of(httpd), timeout=5)
+    first.request("GET", "/metrics")
+    assert first.getresponse().read()
+    sock = first.sock
+    t0 = time.monotonic()
+    status, _, _ = get(f"http://127.0.0.1:{port_of(httpd)}/healthz", timeout=3)
+    assert status == 200 and time.monotonic() - t0 < 1.0
+    first.request("GET", "/healthz")
+    assert first.getresponse().read() == b"ok\n" and first.sock is sock
+
+
+def test_pipelined_requests_and_connection_close(server) -> None:
+    """Two requests sent at once get two answers in order; `Connection: close`, an HTTP/1.0 request and a
+    request with a body end the connection after their answer, saying so."""
+    port = port_of(server())
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+                  b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    assert data.count(b"HTTP/1.1 200 OK") == 2 and data.index(b"ok\n") < data.index(b"posttrain_step")
+    assert data.rstrip().endswith(b"42.0") and b"Connection: close" in data
+    for request in (b"GET /healthz HTTP/1.0\r\n\r\n",
+                    b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"):
+        status, headers, _ = raw_request(port, request)  # returns once the server closed the connection
+        assert status.startswith(b"HTTP/1.1 "), status
+        assert headers.get("connection") == "close" or request.startswith(b"GET /healthz HTTP/1.0")
+        _no_runtime_named(headers)

@@ -11,7 +11,7 @@ import stat
 from collections import defaultdict
 
 from exporter.commands.base import UsageError, log
-from exporter.config import Config, LogSpec, default_run_name
+from exporter.config import Config, LogSpec, default_run_name, file_run_name
 from exporter.parsers.chain import known_formats
 from exporter.sources.detect import is_log_folder, refusal
 
@@ -94,7 +94,7 @@ def _names_from_folders(paths: list[str], taken: set[str]) -> list[str]:
     """`a/trainer_state.json`, `b/trainer_state.json` -> `a/trainer_state`, `b/trainer_state`: the fewest parent
     folders that tell them apart (and from the runs in `taken`)."""
     parts = [os.path.abspath(p).split(os.sep)[:-1] for p in paths]
-    bases = [default_run_name(p) for p in paths]
+    bases = [file_run_name(p) for p in paths]  # the stems: `x/stdout`, `x/stderr`, where both were run `x`
     for n in range(1, max(map(len, parts)) + 1):
         names = ["/".join([*(f for f in folders[-n:] if f), base]) for folders, base in zip(parts, bases, strict=True)]
         if len(set(names)) == len(names) and not set(names) & taken and all(map(_LABEL_VALUE.match, names)):

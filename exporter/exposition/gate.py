@@ -7,7 +7,9 @@ workers once its request head is complete (seen with MSG_PEEK, nothing consumed)
 without blocking, and its request head is read and decrypted here and handed over with it: a client that
 sends part of a ClientHello and goes silent costs a selector entry, not a worker nor an SSL object (about
 46 KiB each). A connection that has not got that far within `timeout` seconds, or that closes, is closed
-here. One address holds at most PER_ADDRESS of the waiting connections, and at most TLS_WAITING connections
+here. A kept-alive connection comes back after each request it made and waits the same way for its next one,
+up to `keepalive` seconds (TLS: already handshaken; the bytes its last request read ahead count as the start of
+the next). One address holds at most PER_ADDRESS of the waiting connections, and at most TLS_WAITING connections
 wait in the middle of a handshake: beyond either, the oldest such one is closed, so that idle sockets can
 neither fill the server's connection limit nor its memory."""
 
@@ -52,22 +54,25 @@ class _Waiting:
     address: object
     since: float
     key: str  # the address as the per-address limit counts it
-    head: bytearray = field(default_factory=bytearray)  # TLS: the request bytes decrypted so far
+    head: bytearray = field(default_factory=bytearray)  # request bytes already read (TLS: decrypted) so far
     wrapped: bool = False  # TLS: an SSL socket now (its ClientHello's first record was whole)
     handshaken: bool = False
+    limit: float = 0.0  # seconds it may wait
 
 
 class Gate:
     def __init__(self, ready: Ready, close: Callable[[socket.socket], None], timeout: float,
-                 tls: TlsAccept | None = None, per_address: int = PER_ADDRESS, tls_waiting: int = TLS_WAITING) -> None:
+                 tls: TlsAccept | None = None, per_address: int = PER_ADDRESS, tls_waiting: int = TLS_WAITING,
+                 keepalive: float | None = None) -> None:
         self._ready = ready  # takes a connection whose request is there
         self._close = close  # closes one that gave up or timed out
         self._timeout = timeout
+        self._keepalive = timeout if keepalive is None else keepalive
         self._tls = tls
         self._per_address = per_address
         self._tls_waiting = tls_waiting
         self._wrapped = 0  # waiting connections that hold an SSL object
-        self._new: queue.SimpleQueue[tuple[socket.socket, object]] = queue.SimpleQueue()
+        self._new: queue.SimpleQueue[tuple[socket.socket, object, bytes | None]] = queue.SimpleQueue()
         self._waiting: dict[socket.socket, _Waiting] = {}  # insertion order: oldest first
         self._by_address: defaultdict[str, int] = defaultdict(int)
         self._partial: set[socket.socket] = set()  # part of a request there: peeked on a timer, not on events
@@ -89,8 +94,9 @@ class Gate:
         self._thread.start()
         return self
 
-    def add(self, conn: socket.socket, address: object) -> None:
-        self._new.put((conn, address))
+    def add(self, conn: socket.socket, address: object, kept: bytes | None = None) -> None:
+        """A new connection, or (`kept`: the bytes read ahead) one back after a request, kept alive."""
+        self._new.put((conn, address, kept))
         self._wake()
 
     def stop(self) -> None:
@@ -118,7 +124,7 @@ class Gate:
                     for conn in list(self._partial):
                         self._check(conn)
                     for conn, w in list(self._waiting.items()):
-                        if now - w.since > self._timeout:
+                        if now - w.since > w.limit:
                             self._drop(conn)
         finally:
             for conn in list(self._waiting):
@@ -137,7 +143,7 @@ class Gate:
     def _take_new(self) -> None:
         while True:
             try:
-                conn, address = self._new.get_nowait()
+                conn, address, kept = self._new.get_nowait()
             except queue.Empty:
                 return
             key = address_key(address)
@@ -149,12 +155,22 @@ class Gate:
             except OSError:
                 self._close(conn)
                 continue
-            self._waiting[conn] = _Waiting(address, time.monotonic(), key)
-            self._by_address[key] += 1
+            tls = isinstance(conn, ssl.SSLSocket)
+            if tls and self._wrapped >= self._tls_waiting:
+                self._evict(next(c for c, o in self._waiting.items() if o.wrapped),
+                            f"{self._tls_waiting} TLS connections were waiting")
+            w = _Waiting(address, time.monotonic(), key, bytearray(kept or b""), wrapped=tls, handshaken=tls,
+                         limit=self._timeout if kept is None else self._keepalive)
+            self._remember(conn, w)
             try:
                 self._sel.register(conn, selectors.EVENT_READ)
             except (OSError, ValueError):
                 self._drop(conn)
+                continue
+            if kept:  # the next request may be here already, read ahead (TLS: decrypted bytes wake no selector)
+                self._check(conn)
+            elif tls:
+                self._advance_tls(conn, w)  # type: ignore[arg-type]
 
     def _check(self, conn: socket.socket) -> None:
         w = self._waiting.get(conn)
@@ -166,11 +182,20 @@ class Gate:
         try:
             head = conn.recv(_RECORD_PEEK if self._tls else HEAD_LIMIT, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except BlockingIOError:
-            return
+            head = None  # nothing more there yet
         except OSError:
             self._drop(conn)
             return
-        if not head:
+        if w.head:  # kept alive, its next request begun in what the last one read ahead
+            if _complete(w.head + (head or b"")):
+                self._hand_over(conn, bytes(w.head))
+            elif head == b"":
+                self._drop(conn)  # closed with half a request
+            else:
+                self._wait_for_more(conn)
+        elif head is None:
+            return
+        elif not head:
             self._drop(conn)  # closed before it asked anything
         elif self._tls is not None:
             if head[0] != 0x16:  # not a TLS handshake record: plain HTTP on the TLS port, say

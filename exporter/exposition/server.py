@@ -5,7 +5,9 @@ A bounded server, as Prometheus exporters run theirs: a listen backlog of LISTEN
 MAX_CONNECTIONS open (beyond, new ones wait in the kernel's backlog, never a thread each); a connection
 waits at the gate (exposition/gate.py) until its request has arrived (over TLS, its handshake is done there
 without blocking), so silent, trickling and stalled-handshake clients never occupy one of the WORKERS
-threads; an idle timeout on every read and write and a deadline on the whole connection; IPv4 and IPv6
+threads; HTTP/1.1 with keep-alive, as Prometheus scrapes (a connection goes back to the gate between its
+requests, where it may wait KEEPALIVE_IDLE_SECONDS for the next, so an idle scraper's connection holds no
+worker either); an idle timeout on every read and write and a deadline on each request; IPv4 and IPv6
 (`[::1]:9847`; `[::]:9847` takes both); TLS and basic auth from the web config (exposition/webconfig.py) on
 every path, wrong passwords limited per address (exposition/auth.py). Scrapes that arrive while the
 exposition is being rendered share that rendering."""
@@ -28,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from socketserver import TCPServer
 from urllib.parse import parse_qs
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
@@ -46,7 +48,11 @@ LISTEN_BACKLOG = 128
 WORKERS = 16  # requests served at once (rendering is shared, so more would only contend for the GIL)
 MAX_CONNECTIONS = 1024  # open at once, most of them waiting at the gate; beyond it the kernel's backlog holds them
 IDLE_TIMEOUT_SECONDS = 10.0  # one read or write that waits longer ends the connection
-CONNECTION_DEADLINE_SECONDS = 30.0  # so does a connection open longer (a client trickling its request)
+CONNECTION_DEADLINE_SECONDS = 30.0  # so does a request taking longer (a client trickling it)
+# A kept-alive connection waits at the gate this long for its next request: longer than the scrape intervals in use
+# (the chart's 30 s, 60 s at most), so a scraper reuses its connection, as Prometheus' HTTP client does.
+KEEPALIVE_IDLE_SECONDS = 90.0
+SERVER = "posttrain-exporter"  # the Server header: no version of the exporter or of its runtime
 VERDICT_PATH = "/api/v1/verdict"
 
 Verdict = Callable[[str | None], dict]  # the runs' verdicts as a JSON document (or the one run named)
@@ -239,49 +245,95 @@ def build_app(registry: CollectorRegistry, heartbeat: Callable[[], float],
     return app
 
 
+class _Response(ServerHandler):
+    """wsgiref's response writer, speaking HTTP/1.1, naming no runtime; `Connection: close` on a last response."""
+
+    http_version = "1.1"
+    server_software = SERVER
+
+    def cleanup_headers(self) -> None:
+        super().cleanup_headers()  # sets Content-Length for a one-piece body
+        handler = self.request_handler  # type: ignore[attr-defined]
+        if "Content-Length" not in self.headers or not self.status or self.status[:1] == "5":
+            handler.close_connection = True  # a body without a length ends with the connection
+        if handler.close_connection:
+            self.headers["Connection"] = "close"
+
+
 class _Handler(WSGIRequestHandler):
+    protocol_version = "HTTP/1.1"  # parse_request keeps an HTTP/1.1 connection open unless it says close
+
     def __init__(self, request, client_address, server, head: bytes = b"") -> None:
         self._head = head  # the request bytes the gate already read (TLS: decrypted there)
+        self.leftover: bytes | None = None  # after a request: the connection stays open, these bytes read ahead
         super().__init__(request, client_address, server)
 
     def setup(self) -> None:
         self.timeout = self.server.idle_timeout  # type: ignore[attr-defined]  # set on the connection by setup
         super().setup()
-        if self._head:
-            self.rfile = io.BufferedReader(_HeadFirst(self._head, self.rfile))
+        self.rfile.close()  # reads go through _Input: it can say what it read past this request
+        self._input = _Input(self._head, self.connection)
+        self.rfile = io.BufferedReader(self._input)
+
+    def version_string(self) -> str:
+        return SERVER  # the Server header of errors answered before the app (400, 414)
+
+    def handle(self) -> None:
+        """One request (as wsgiref's handler), then whether the connection stays open for the next."""
+        self.close_connection = True
+        self.raw_requestline = self.rfile.readline(65537)
+        if len(self.raw_requestline) > 65536:
+            self.requestline, self.request_version, self.command = "", "", ""
+            self.send_error(414)
+            return
+        if not self.parse_request():
+            return
+        if self.command not in ("GET", "HEAD") or self.headers.get("Content-Length", "0").strip() not in ("", "0") \
+                or "Transfer-Encoding" in self.headers or self.server.stopping:  # type: ignore[attr-defined]
+            self.close_connection = True  # a request body is never read: the connection ends after the answer
+        handler = _Response(self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=False)
+        handler.request_handler = self  # type: ignore[attr-defined]
+        handler.run(self.server.get_app())
+        if not self.close_connection:
+            self._input.ended = True  # no more reads from the socket: what is buffered is the next request's
+            self.leftover = self.rfile.peek(HEAD_BYTES)
 
     def log_message(self, format: str, *args: object) -> None:
         pass
 
     def get_environ(self) -> dict:
         env = super().get_environ()
+        env["SERVER_SOFTWARE"] = SERVER
         if isinstance(self.connection, ssl.SSLSocket):
             env["HTTPS"] = "on"
             env["wsgi.url_scheme"] = "https"
         return env
 
 
-class _HeadFirst(io.RawIOBase):
-    """Reads `head` first, then the connection (one read of it at a time: never waits for more than is there)."""
+HEAD_BYTES = 65536
 
-    def __init__(self, head: bytes, rest: io.BufferedReader) -> None:
+
+class _Input(io.RawIOBase):
+    """The request's bytes: `head` (what the gate read) first, then the connection, one read of it at a time
+    (never waiting for more than is there); once `ended`, nothing more from the connection."""
+
+    def __init__(self, head: bytes, conn: socket.socket) -> None:
         self._head = memoryview(head)
-        self._rest = rest
+        self._conn = conn
+        self.ended = False
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:  # type: ignore[override]
+    def readinto(self, b) -> int | None:  # type: ignore[override]
         if self._head:
             n = min(len(b), len(self._head))
             b[:n] = self._head[:n]
             self._head = self._head[n:]
             return n
-        return self._rest.readinto1(b)
-
-    def close(self) -> None:
-        self._rest.close()  # the connection's own reader: its file reference keeps the socket open
-        super().close()
+        if self.ended:
+            return None  # as a non-blocking socket with nothing there: the buffer keeps what it has
+        return self._conn.recv_into(b)
 
 
 class MetricsServer(WSGIServer):
@@ -291,7 +343,8 @@ class MetricsServer(WSGIServer):
     allow_reuse_address = True
 
     def __init__(self, host: str, port: int, app: Callable, web: WebConfig | None = None, workers: int = WORKERS,
-                 idle_timeout: float = IDLE_TIMEOUT_SECONDS, deadline: float = CONNECTION_DEADLINE_SECONDS) -> None:
+                 idle_timeout: float = IDLE_TIMEOUT_SECONDS, deadline: float = CONNECTION_DEADLINE_SECONDS,
+                 keepalive: float = KEEPALIVE_IDLE_SECONDS) -> None:
         self.idle_timeout, self.deadline = idle_timeout, deadline
         family, _, _, _, sockaddr = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
                                                        flags=socket.AI_PASSIVE)[0]
@@ -311,11 +364,11 @@ class MetricsServer(WSGIServer):
             tls = TlsAccept(self._tls.current, lambda conn: san_allowed(conn.getpeercert(), self._allowed_sans),
                             self._tls_refused)
         self._gate = Gate(lambda conn, addr, head: self._ready.put((conn, addr, head)), self._close_waiting,
-                          idle_timeout, tls)
+                          idle_timeout, tls, keepalive=keepalive)
         self._workers = [threading.Thread(target=self._work, name=f"http-worker-{i}", daemon=True)
                          for i in range(workers)]
         self._stopping = threading.Event()
-        self._open: dict[int, float] = {}  # connection fd -> its deadline
+        self._open: dict[int, float] = {}  # connection fd -> its request's deadline
         self._open_lock = threading.Lock()
         self.tls_failures = 0  # handshakes refused (no or bad client certificate, a client speaking plain HTTP)
 
@@ -339,6 +392,10 @@ class MetricsServer(WSGIServer):
         threading.Thread(target=self.serve_forever, name="http", daemon=True).start()
         threading.Thread(target=self._reap, name="http-deadlines", daemon=True).start()
         return self
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
 
     def shutdown(self) -> None:
         self._stopping.set()
@@ -370,18 +427,27 @@ class MetricsServer(WSGIServer):
         fd = conn.fileno()
         with self._open_lock:
             self._open[fd] = time.monotonic() + self.deadline
+        kept = False
         try:
             conn.settimeout(self.idle_timeout)
-            _Handler(conn, client_address, self, head)
+            handler = _Handler(conn, client_address, self, head)
+            kept = handler.leftover is not None and not self._stopping.is_set()
+            if kept:  # back to the gate to wait for the next request, holding no worker meanwhile
+                with self._open_lock:
+                    kept = self._open.pop(fd, None) is not None  # else the deadline's reaper shut it down
+                if kept:
+                    self._gate.add(conn, client_address, kept=handler.leftover or b"")
         except (OSError, ValueError):
-            pass  # a timeout, a reset, a connection past its deadline: the client's loss only
+            kept = False  # a timeout, a reset, a connection past its deadline: the client's loss only
         except Exception:  # pragma: no cover - a bug in a handler must cost one request, not the server
+            kept = False
             log.exception("HTTP request from %s failed", client_address)
         finally:
-            with self._open_lock:
-                self._open.pop(fd, None)
-                self.shutdown_request(conn)
-            self._connections.release()
+            if not kept:
+                with self._open_lock:
+                    self._open.pop(fd, None)
+                    self.shutdown_request(conn)
+                self._connections.release()
 
     def refusals(self) -> dict[str, int]:
         """Clients turned away, by reason (posttrain_exporter_http_refused_total): read without a lock, as the

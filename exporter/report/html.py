@@ -182,21 +182,46 @@ def _chart(title: str, steps: np.ndarray, values: np.ndarray, x0: int, x1: int,
     return "".join(parts)
 
 
+def _step_ticks(x0: int, x1: int, most: int = 7) -> list[int]:
+    """Round steps between x0 and x1 (multiples of 1, 2 or 5 times a power of ten), at most `most` of them."""
+    span = max(x1 - x0, 1)
+    unit = 10 ** math.floor(math.log10(span / most)) if span >= most else 1
+    every = next(m * unit for m in (1, 2, 5, 10) if span / (m * unit) <= most)
+    first = -(-x0 // every) * every
+    return list(range(first, x1 + 1, every))
+
+
 def _regime_bar(v: RunVerdict, x0: int, x1: int) -> str:
     if not v.regimes:
         return '<p class="muted">No regime: the run logs no KL or no reward.</p>'
     span = max(x1 - x0, 1)
     width = W * 2 - PAD_L
+    total = PAD_L + width
+
+    def x(step: float) -> float:
+        return PAD_L + (step - x0) / span * width
+
     rects = []
     # At most one stretch per 2 px: on a long run the regime changes far more often than the bar can show.
     for a, b, name, share in regime_timeline(v.regimes, blocks=width // 2):
-        left = PAD_L + (a - x0) / span * width
         held = f" ({share:.0%} of it)" if share < 1 else ""
-        rects.append(f'<rect x="{left:.1f}" y="4" width="{max((b + 1 - a) / span * width, 1):.1f}" height="18" '
+        rects.append(f'<rect x="{x(a):.1f}" y="4" width="{max((b + 1 - a) / span * width, 1):.1f}" height="18" '
                      f'fill="{REGIME_COLOURS[name]}"><title>{a}-{b}: {name}{held}</title></rect>')
+    # The step axis under the strip: where in the run each regime held, in the charts' unit (logged steps).
+    axis = [f'<line class="axis" x1="{PAD_L}" x2="{total}" y1="23.5" y2="23.5" stroke="#9e9e9e"/>',
+            f'<text class="axis-name" x="{PAD_L - 4}" y="37" font-size="10" fill="#616161" '
+            'text-anchor="end">step</text>']
+    for s in _step_ticks(x0, x1):
+        tx = x(s)
+        label = str(s)
+        half = len(label) * CHAR_W / 2
+        lx, anchor = (total - 1, "end") if tx + half > total - 1 else (tx, "middle")
+        axis.append(f'<line x1="{tx:.1f}" x2="{tx:.1f}" y1="23.5" y2="27" stroke="#9e9e9e"/>'
+                    f'<text class="xtick" x="{lx:.1f}" y="37" font-size="10" fill="#616161" '
+                    f'text-anchor="{anchor}">{label}</text>')
     legend = " ".join(f'<span style="color:{c}">&#9632;</span> {n}' for n, c in REGIME_COLOURS.items())
-    return (f'<svg width="{PAD_L + width}" height="26">{"".join(rects)}</svg>'
-            f'<div class="muted">{legend}</div>')
+    return (f'<svg class="regime" width="{total}" height="42" viewBox="0 0 {total} 42">'
+            f'{"".join(rects)}{"".join(axis)}</svg><div class="muted">{legend}</div>')
 
 
 _ASPECTS = {"trajectory": "Course", "kl_reward": "KL and reward", "signal": "Learning signal", "loss": "Loss",

@@ -48,12 +48,7 @@ def to_text(verdicts: list[RunVerdict]) -> str:
         out += samples_text(v.samples)
         out.extend(_regime_lines(v))
         if v.instruments:
-            out.append(f"  {'instrument':40s} {'points':>7s} {'first':>10s} {'min':>10s} {'max':>10s} {'last':>10s}"
-                       "  trend")
-            for r in v.instruments:
-                arrow = {1: "rising", -1: "falling", 0: "flat"}[r.direction]
-                out.append(f"  {r.label:40s} {r.points:7d} {_num(r.first):>10s} {_num(r.min):>10s} {_num(r.max):>10s} "
-                           f"{_num(r.last):>10s}  {arrow}")
+            out += _instrument_table(v)
         out.append("")
     return "\n".join(out)
 
@@ -78,6 +73,32 @@ def judgment_lines(v: RunVerdict) -> list[str]:
         out.append("  notes (passed without an alert):")
         out += [f"    step {e.step:>6}  {e.text}" for e in j.notes]
     return out
+
+
+NAME_WIDTH_MAX = 64  # a longer instrument name is shortened in its middle, so that the table still fits a terminal
+
+
+def _instrument_table(v: RunVerdict) -> list[str]:
+    """The instruments, one a line, in columns as wide as their widest cell: a long pass-through key (verl's
+    `critic/advantages/max`, a reward function's component) never pushes its numbers out of their columns."""
+    head = ("instrument", "points", "first", "min", "max", "last", "trend")
+    rows = [(_fit(r.label, NAME_WIDTH_MAX), str(r.points), _num(r.first), _num(r.min), _num(r.max), _num(r.last),
+             {1: "rising", -1: "falling", 0: "flat"}[r.direction]) for r in v.instruments]
+    widths = [max(len(row[i]) for row in (head, *rows)) for i in range(len(head))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        name, *numbers, trend = cells
+        return "  " + " ".join([name.ljust(widths[0]), *(c.rjust(w) for c, w in zip(numbers, widths[1:-1],
+                                                                                       strict=True))]) + "  " + trend
+
+    return [line(head), *(line(row) for row in rows)]
+
+
+def _fit(text: str, width: int) -> str:
+    if len(text) <= width:
+        return text
+    keep = width - 1
+    return text[:keep - keep // 2] + "…" + text[len(text) - keep // 2:]
 
 
 def _no_data(v: RunVerdict) -> list[str]:

@@ -3,15 +3,15 @@
 trainer needs no `| tee` to a file.
 
 The log is read as `kubectl logs -f --timestamps` reads it (GET .../pods/POD/log?follow=true&timestamps=true),
-in chunks, through the official client (`pip install posttrain-exporter[kubernetes]`). Every line the API
+in chunks, with the standard library (exporter/sources/kubeapi.py: no client package). Every line the API
 sends starts with its RFC 3339 timestamp and a space: it is cut off here, and the rest of the line goes to the
 same console pipeline as a file's or standard input's text (the framer caps a long line there, so nothing
 here holds more than a timestamp's bytes of a line).
 
 A stream that ends or fails while the container runs is opened again, with sinceSeconds reaching back before
 the last line read; lines already read are skipped by position (see `TimestampedLines`), so a record is
-neither counted twice nor lost. The client has no `since_time` parameter, and the API server forwards
-sinceTime to the kubelet in whole seconds anyway: positions are kept per second for that reason. On start
+neither counted twice nor lost. The API server forwards sinceTime to the kubelet in whole seconds, so
+sinceSeconds is as exact: positions are kept per second for that reason. On start
 (the sidecar restarted) the log is read again from the container's start, as a file is (docs/kubernetes-source.md).
 
 Health, in the exporter's own source families: `source_up` (streaming), `source_resumed` (reconnects that
@@ -32,15 +32,14 @@ import time
 from calendar import timegm
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from exporter.config import ConfigError
 from exporter.sources.base import FollowStats, drain
+from exporter.sources.kubeapi import ApiError, CoreApi, CredentialsError, Stream, endpoint
 
 log = logging.getLogger(__name__)
 
 PREFIX = "k8s://"
-INSTALL_HINT = "pip install posttrain-exporter[kubernetes]"
 READ_SIZE = 1 << 16
 MAX_STAMP_BYTES = 64  # a timestamp prefix is 30 bytes (RFC 3339, nanoseconds); more is a line without one
 QUEUED_CHUNKS = 256  # text waiting for the parser (<= 256 x READ_SIZE): past it the reader waits, never drops
@@ -51,7 +50,7 @@ KEPT_SECONDS = 3  # seconds of line counts kept for resuming (lines out of order
 
 
 class KubernetesSourceError(ConfigError):
-    """A k8s:// log that cannot be followed at all (bad path, environment, package, credentials): stops at start."""
+    """A k8s:// log that cannot be followed at all (bad path, environment, credentials): stops at start."""
 
 
 @dataclass(frozen=True)
@@ -91,32 +90,15 @@ def parse_path(path: str, environ: Mapping[str, str] | None = None) -> Container
     return ContainerRef(*parts)
 
 
-def _client() -> Any:
-    try:
-        import kubernetes
-    except ImportError:
-        raise KubernetesSourceError(f"k8s:// logs need the Kubernetes client: {INSTALL_HINT}") from None
-    return kubernetes
-
-
-def core_api(environ: Mapping[str, str] | None = None) -> Any:
-    """A CoreV1Api: the pod's service account when KUBERNETES_SERVICE_HOST is set (in a cluster), else the
-    kubeconfig (KUBECONFIG, or ~/.kube/config)."""
+def core_api(environ: Mapping[str, str] | None = None) -> CoreApi:
+    """The API as the pod's service account sees it when KUBERNETES_SERVICE_HOST is set (in a cluster), else as
+    the kubeconfig's current context (KUBECONFIG, or ~/.kube/config)."""
     env = os.environ if environ is None else environ
-    k8s = _client()
-    cfg = k8s.client.Configuration()
     try:
-        if env.get("KUBERNETES_SERVICE_HOST"):
-            k8s.config.load_incluster_config(client_configuration=cfg)
-        else:
-            # the client reads KUBECONFIG once, when imported: name the file(s) as they are now
-            files = env.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-            k8s.config.load_kube_config(config_file=files, client_configuration=cfg)
-    except Exception as e:  # the loaders raise ConfigException, FileNotFoundError, YAML errors...
+        return CoreApi(endpoint(env))
+    except CredentialsError as e:
         where = "the pod's service account" if env.get("KUBERNETES_SERVICE_HOST") else "the kubeconfig"
         raise KubernetesSourceError(f"cannot load Kubernetes credentials from {where}: {e}") from None
-    cfg.retries = 0  # our own loop retries, backing off; urllib3's would log three warnings per failure
-    return k8s.client.CoreV1Api(k8s.client.ApiClient(cfg))
 
 
 # --- the API's timestamped lines -----------------------------------------------------------------------------
@@ -293,7 +275,7 @@ class KubernetesLogReader:
     """A ChunkReader (exporter/sources/base.py): a thread follows the container's log and queues its text; `poll` hands
     it to the ingest loop; `closed` once the container terminated for good and its log was read to the end."""
 
-    def __init__(self, ref: ContainerRef, api: Any, timing: Timing | None = None) -> None:
+    def __init__(self, ref: ContainerRef, api: CoreApi, timing: Timing | None = None) -> None:
         self.ref = ref
         self.api = api
         self.timing = timing or Timing()
@@ -303,7 +285,7 @@ class KubernetesLogReader:
         self.closed = False
         self._q: queue.Queue[str | None] = queue.Queue(QUEUED_CHUNKS)
         self._stop = threading.Event()
-        self._resp: Any = None
+        self._resp: Stream | None = None
         self._thread: threading.Thread | None = None
         self._warned: set[str] = set()
 
@@ -330,7 +312,7 @@ class KubernetesLogReader:
         resp = self._resp
         if resp is not None:
             with contextlib.suppress(Exception):
-                resp.shutdown() if hasattr(resp, "shutdown") else resp.close()
+                resp.shutdown()
         if self._thread is not None:
             self._thread.join(5)
 
@@ -386,15 +368,13 @@ class KubernetesLogReader:
         container has not started), or 'failed' (counted)."""
         since = self.lines.resume() if self.requests else None
         resuming = since is not None
-        kwargs: dict[str, Any] = {"container": self.ref.container, "follow": follow, "timestamps": True}
-        if resuming:
-            kwargs["since_seconds"] = max(1, math.ceil(time.time() - since) + SINCE_SLACK_SECONDS)
+        since_seconds = max(1, math.ceil(time.time() - since) + SINCE_SLACK_SECONDS) if resuming else None
         self.requests += 1
         before = self.lines.lines
         try:
-            self._resp = self.api.read_namespaced_pod_log(
-                self.ref.pod, self.ref.namespace, _preload_content=False,
-                _request_timeout=(self.timing.connect_timeout, self.timing.read_timeout), **kwargs)
+            self._resp = self.api.pod_log(self.ref.namespace, self.ref.pod, self.ref.container, follow=follow,
+                                          timestamps=True, since_seconds=since_seconds,
+                                          timeout=(self.timing.connect_timeout, self.timing.read_timeout))
         except Exception as e:
             return self._request_failed(e)
         if resuming:
@@ -402,12 +382,11 @@ class KubernetesLogReader:
         self.stats.up = True
         self._warned.discard("failed")
         try:
-            for data in self._resp.stream(READ_SIZE, decode_content=True):
+            for data in self._resp.chunks(READ_SIZE):
                 if self._stop.is_set():
                     break
-                if data:
-                    self.stats.bytes_read += len(data)  # as sent, timestamps and re-sent lines included
-                    self._put(self.lines.feed(data))
+                self.stats.bytes_read += len(data)  # as sent, timestamps and re-sent lines included
+                self._put(self.lines.feed(data))
         except Exception as e:
             if _is_read_timeout(e):
                 log.debug("%s: nothing for %.0f s; opening the stream again", self.ref, self.timing.read_timeout)
@@ -418,13 +397,13 @@ class KubernetesLogReader:
             return "failed" if self.lines.lines == before else "read"
         finally:
             with contextlib.suppress(Exception):
-                self._resp.release_conn()
+                self._resp.close()
             self._resp = None
         return "read" if self.lines.lines > before else "ended"
 
     def _request_failed(self, e: Exception) -> str:
-        status = getattr(e, "status", None)
-        body = str(getattr(e, "body", "") or "")
+        status = e.status if isinstance(e, ApiError) else None
+        body = e.body if isinstance(e, ApiError) else ""
         if status == 400 and any(w in body for w in WAITING):
             if "waiting" not in self._warned:
                 self._warned.add("waiting")
@@ -447,9 +426,7 @@ class KubernetesLogReader:
         """The container terminated and will not run again (needs `get` on pods; without it, never: the log is
         then asked for again, backing off)."""
         try:
-            resp = self.api.read_namespaced_pod(self.ref.pod, self.ref.namespace, _preload_content=False,
-                                                _request_timeout=(self.timing.connect_timeout, 30))
-            pod = json.loads(resp.data)
+            pod = self.api.pod(self.ref.namespace, self.ref.pod, timeout=(self.timing.connect_timeout, 30))
         except Exception as e:
             self._warn("pod", "%s: cannot read the pod's status (%s): it is followed until the exporter stops (give "
                        "the service account `get` on pods to stop at the container's end)", self.ref, _short(e))
@@ -480,7 +457,7 @@ def container_finished(pod: dict, container: str) -> bool:
 
 
 def _is_read_timeout(e: BaseException | None) -> bool:
-    for _ in range(8):  # urllib3 wraps the socket's timeout once or twice
+    for _ in range(8):  # the socket's timeout, as it is or wrapped (TLS)
         if e is None:
             return False
         if type(e).__name__ in ("ReadTimeoutError", "TimeoutError", "timeout"):
@@ -490,11 +467,9 @@ def _is_read_timeout(e: BaseException | None) -> bool:
 
 
 def _short(e: BaseException) -> str:
-    status = getattr(e, "status", None)
-    if status is not None:
-        reason = getattr(e, "reason", "") or ""
-        body = str(getattr(e, "body", "") or "")
-        with contextlib.suppress(ValueError, TypeError):
+    if isinstance(e, ApiError):
+        body = e.body
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
             body = json.loads(body).get("message", body)
-        return f"HTTP {status} {reason}: {body[:200]}".strip()
+        return f"HTTP {e.status} {e.reason}: {body[:200]}".strip()
     return f"{type(e).__name__}: {str(e)[:200]}"

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Makes the image's base: a Debian bookworm root file system from Debian's own packages (python3 and venv), as a
-# tar file, with mmdebstrap. No container registry is involved, so it builds where none can be reached.
+# Makes the image's base: a Debian bookworm root file system from Debian's own packages, as a tar file, with
+# mmdebstrap. No container registry is involved, so it builds where none can be reached. What it holds: Debian's
+# Essential packages, python3 and passwd (useradd): no apt, no pip, no venv module's wheels (the image installs its
+# wheels with scripts/image/install_wheels.py), no perl beyond perl-base (merged /usr is set up by mmdebstrap's
+# hook, not by the usrmerge package, which brings perl with it).
 #
 # usage: scripts/image/base.sh OUT.tar [ARCH]
 # env:   SNAPSHOT=YYYYMMDDTHHMMSSZ  take every package from snapshot.debian.org at that moment (a release does, so
@@ -18,8 +21,12 @@ if [ -n "${SNAPSHOT:-}" ]; then
   mirror=("http://snapshot.debian.org/archive/debian/$SNAPSHOT"
           "deb http://snapshot.debian.org/archive/debian-security/$SNAPSHOT bookworm-security main")
 fi
-# minbase + python3: no documentation, manuals or translations (a sidecar reads none of them)
-mmdebstrap --quiet --variant=minbase --architectures="$arch" --include=python3,python3-venv \
+# No documentation, manuals or translations (a sidecar reads none of them), no iconv modules (Python decodes without
+# them; UTF-8 and ASCII are built into the C library).
+mmdebstrap --quiet --variant=essential --architectures="$arch" --include=python3,passwd \
+  --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
   --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
   --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+  --dpkgopt='path-exclude=/usr/share/bash-completion/*' --dpkgopt='path-exclude=/usr/share/lintian/*' \
+  --dpkgopt='path-exclude=/usr/lib/*/gconv/*' --dpkgopt='path-include=/usr/lib/*/gconv/gconv-modules*' \
   bookworm "$out" "${mirror[@]}"

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Builds the sidecar image without a daemon or a registry: the base with mmdebstrap (scripts/image/base.sh), the
-# wheels it installs (the exporter's and every pinned dependency, for the image's architecture) into image/wheels/,
-# then the image from Containerfile with buildah, chroot isolation. Prints the image's name.
+# Builds the sidecar image without a daemon or a registry, reproducibly: the base with mmdebstrap
+# (scripts/image/base.sh), the wheels it installs (the exporter's and every pinned dependency, for the image's
+# architecture) into image/wheels/, then the image from Containerfile with buildah, chroot isolation, with BASE
+# replaced by that base. Prints the image's name. (`docker build .` takes the Containerfile's default base and the
+# package index instead.)
 #
 # usage: scripts/image/build.sh [NAME]      (default localhost/posttrain-exporter:VERSION)
 # env:   ARCH      the image's Debian architecture (default: this machine's; arm64 on amd64 needs qemu-user-static)
 #        BASE_TAR  reuse a base made before (default: build/base-ARCH.tar, made when missing)
 #        STORAGE_DRIVER  buildah's storage (default vfs: works in any container or VM, no overlay needed)
+# needs:  buildah, mmdebstrap, python3 with pip, binutils (strip; binutils-aarch64-linux-gnu for arm64 on amd64)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export STORAGE_DRIVER=${STORAGE_DRIVER:-vfs}
@@ -40,6 +43,11 @@ for p in manylinux2014 manylinux_2_17 manylinux_2_28 manylinux_2_34; do platform
 python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$wheels" --python-version 3.11 \
   --implementation cp --abi cp311 --abi abi3 --abi none "${platforms[@]}" --platform any \
   -r "$wheels/requirements.txt" >&2
+# debugging information: never read in the image (another architecture's needs its binutils' strip)
+if [ "$arch" != "$(dpkg --print-architecture)" ]; then
+  case $arch in arm64) export STRIP=${STRIP:-aarch64-linux-gnu-strip} ;; *) export STRIP=${STRIP:-$plat-linux-gnu-strip} ;; esac
+fi
+python3 scripts/image/strip_wheels.py "$wheels"/*.whl
 
 buildah bud --isolation chroot --quiet --layers=false --arch "$arch" -f Containerfile \
   --build-arg BASE="$base" --build-arg VERSION="$version" --build-arg REVISION="$revision" \
