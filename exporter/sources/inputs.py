@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from exporter.config import LogSpec
-from exporter.parsers.record import ParseError, Record
+from exporter.parsers.record import Record
 from exporter.pipeline import ConsoleStream, IngestStats, take_samples
 from exporter.runstate import RunState
 from exporter.samples.sampleset import SampleSet
@@ -141,19 +141,18 @@ class TrainerStateInput(_RunInput):
     def __init__(self, spec: LogSpec, run: RunState, stats: IngestStats) -> None:
         super().__init__(spec, run, stats, TrainerStateReader(spec.path))
         self._records: list[Record] = []
-        self._failed: list[str] = []  # a whole read that failed, by reason
+
+    @property
+    def catching_up(self) -> bool:
+        return self.reader.behind
 
     def read(self, timeout: float = 0.0) -> None:
-        try:
-            self._records += self.reader.poll()
-        except ParseError as e:
-            self._failed.append(e.reason)
+        self._records += self.reader.poll()
 
     def ingest(self) -> bool:
         records, self._records = self._records, []
-        for reason in self._failed:
-            self._error(reason, 1)
-        self._failed.clear()
+        self.stats.lines_dropped.update(self.reader.dropped)
+        self.reader.dropped.clear()
         for reason, n in self.reader.entry_errors.items():
             self._error(reason, n)
         self.reader.entry_errors.clear()
@@ -174,6 +173,10 @@ class TensorBoardInput(_RunInput):
         super().__init__(spec, run, stats, TensorBoardReader(spec.path))
         self._records: list[Record] = []
 
+    @property
+    def catching_up(self) -> bool:
+        return self.reader.behind
+
     def read(self, timeout: float = 0.0) -> None:
         self._records += self.reader.poll()
         if not self.reader.grew:
@@ -192,6 +195,8 @@ class TensorBoardInput(_RunInput):
             self.stats.error(self.run.name, TB_FORMAT, reason, n, "%s: event records skipped (%s)", self.spec.path,
                              reason)
         self.reader.errors.clear()
+        self.stats.lines_dropped.update(self.reader.dropped)
+        self.reader.dropped.clear()
         self._hand_over(TB_FORMAT, records)
 
 
