@@ -23,8 +23,8 @@ from exporter.parsers.record import EVAL_PREFIXES, SUMMARY_KEYS, Record
 
 FMT = "tensorboard"
 MAX_RECORD = 64 << 20  # a TFRecord longer than this is corruption, not a scalar
-MAX_EVENT = 1 << 20  # a TFRecord longer than this is skipped unread (counted): an image or a histogram
-CHUNK_BYTES = 4 << 20  # read of one file per poll (more than MAX_EVENT, so that any event read fits in one)
+MAX_EVENT = 1 << 19  # a TFRecord longer than this is skipped unread (counted): an image or a histogram
+CHUNK_BYTES = 1 << 20  # read of one file per poll (more than MAX_EVENT, so that any event read fits in one)
 MAX_TAGS = 4096  # scalars kept of one step
 # what the reader leaves out, by reason: records over MAX_EVENT (records), scalars of a step past MAX_TAGS (scalars)
 DROP_REASONS = ("event_too_large", "event_tags_over_cap")

@@ -122,9 +122,10 @@ class TrainerStateReader:
     (MAX_ENTRIES at most) and hands over at most RECORDS_PER_POLL records or RECORD_CHARS_PER_POLL characters of
     entries per poll: the pass goes on at the next poll (`behind`) while the file is unchanged, and starts again from
     the file's start when it changed. A file that changes again and again is read whole at most once per
-    READ_DUTY times the time its last pass took (when that was over DUTY_FROM_SECONDS), so that a huge file rewritten every 100 ms costs a bounded share
-    of a core. A file that ends mid-value (written as it was read) hands over the entries read before that, the
-    error is counted once (entry_errors), and it is read again when it changes."""
+    READ_DUTY times the time its last pass took (when that was over DUTY_FROM_SECONDS), so that a huge file
+    rewritten every 100 ms costs a bounded share of a core. A file that ends mid-value (written as it was read)
+    hands over the entries read before that, the error is counted once (entry_errors), and it is read again when
+    it changes."""
 
     def __init__(self, path: str) -> None:
         self.path = path
