@@ -12,6 +12,8 @@ from pathlib import Path
 
 from exporter.sources.tensorboard import masked_crc
 
+LAST_STEP = 10_000_000  # of the good data after the hostile part, in the inputs that end at a step of their own
+
 
 def record_line(step: int, loss: float = 0.5) -> str:
     return json.dumps({"step": step, "loss": loss, "reward": 0.25 + step / 1000})
@@ -139,7 +141,7 @@ def gpu_feed(path: Path, size: int, t: float | None = None) -> Path:
 
 def trainer_state(path: Path, size: int, entry_keys: int = 20) -> Path:
     """A trainer_state.json as the Trainer writes it (indent 2) with a log_history of `size` bytes, one entry over
-    1 MiB in its middle."""
+    1 MiB in its middle, its last entry at LAST_STEP."""
     with path.open("w") as f:
         f.write('{\n  "best_metric": null,\n  "global_step": 0,\n  "log_history": [\n')
         written, step = 0, 0
@@ -151,7 +153,8 @@ def trainer_state(path: Path, size: int, entry_keys: int = 20) -> Path:
             text = ("    " if step == 1 else ",\n    ") + json.dumps(entry, indent=2).replace("\n", "\n    ")
             f.write(text)
             written += len(text)
-        f.write(f'\n  ],\n  "max_steps": {step}\n}}\n')
+        last = json.dumps({"step": LAST_STEP, "loss": 0.1}, indent=2).replace("\n", "\n    ")
+        f.write(f',\n    {last}\n  ],\n  "max_steps": {LAST_STEP}\n}}\n')
     return path
 
 
@@ -186,7 +189,7 @@ def tensorboard(path: Path, size: int) -> Path:
                          event(step, {"train/loss": 0.5}, field_padding(2 << 20))):
                 f.write(data)
                 written += len(data)
-        f.write(event(step + 1, {"train/loss": 0.1}) + event(step + 2, {"train/loss": 0.05}))
+        f.write(event(LAST_STEP - 1, {"train/loss": 0.1}) + event(LAST_STEP, {"train/loss": 0.05}))
     return path
 
 
