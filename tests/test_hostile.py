@@ -448,7 +448,7 @@ def test_bar_descriptions_of_any_length_keep_the_postfix_caches_bounded() -> Non
     from exporter.console.postfix import PostfixReader
 
     reader = PostfixReader()
-    records = reader.draw("Train step", 0, "10", "00:01<00:09, 1.00it/s, loss=0.9", 0)
+    records = list(reader.draw("Train step", 0, "10", "00:01<00:09, 1.00it/s, loss=0.9", 0))  # (a shared empty list)
     for i in range(600):
         records += reader.draw(f"{i:06d}{'d' * 10_000}", 5, "10", "00:01<00:01, 5.00it/s, loss=0.5", len(records))
     records += reader.draw("Train step", 1, "10", "00:02<00:08, 1.00it/s, loss=0.8", len(records))
