@@ -9,8 +9,9 @@ whose password is verified once first, scrapes /metrics back to back over a new 
 Prometheus does with keep-alive off), for `--seconds`, twice: alone ("quiet"), then while
 tests/support/webflood.py (a process of its own) holds `--stalled` connections stalled in their handshake and
 runs `--wrong` clients sending a wrong password, each from a loopback address of its own, as fast as they are
-answered. A scrape that fails or takes over `--timeout` counts as `--timeout`. Prints p50/p99/max of each phase,
-their ratio, and what the flood's clients got."""
+answered (`--distinct`: a new wrong password each time, so that each costs a bcrypt check). A scrape that fails
+or takes over `--timeout` counts as `--timeout`, and its error (SSLEOFError, a status) is counted. Prints
+p50/p99/max of each phase, their ratio, the failed scrapes, and what the flood's clients got."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,9 +39,12 @@ from support.certs import make_pki  # noqa: E402
 PASSWORD = "bench-password"
 
 
-def scrape_for(port: int, ctx: ssl.SSLContext, seconds: float, timeout: float) -> list[float]:
+def scrape_for(port: int, ctx: ssl.SSLContext, seconds: float, timeout: float,
+               errors: Counter | None = None) -> list[float]:
+    """Scrape times; a failed scrape counts as `timeout`, and its error (exception name or status) in `errors`."""
     auth = {"Authorization": "Basic " + base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()}
     times: list[float] = []
+    errors = Counter() if errors is None else errors
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         t0 = time.monotonic()
@@ -50,14 +55,17 @@ def scrape_for(port: int, ctx: ssl.SSLContext, seconds: float, timeout: float) -
             r.read()
             conn.close()
             ok = r.status == 200
-        except (OSError, http.client.HTTPException):
+            if not ok:
+                errors[str(r.status)] += 1
+        except (OSError, http.client.HTTPException) as e:
             ok = False
+            errors[type(e).__name__] += 1
         times.append(time.monotonic() - t0 if ok else timeout)
     return times
 
 
-def figures(times: list[float]) -> dict:
-    return {"scrapes": len(times), "p50_ms": round(percentile(times, 0.5) * 1000, 1),
+def figures(times: list[float], errors: Counter) -> dict:
+    return {"scrapes": len(times), "failed": dict(errors), "p50_ms": round(percentile(times, 0.5) * 1000, 1),
             "p99_ms": round(percentile(times, 0.99) * 1000, 1), "max_ms": round(max(times) * 1000, 1)}
 
 
@@ -70,6 +78,8 @@ def main() -> int:
     ap.add_argument("--cost", type=int, default=10, help="bcrypt cost of the password (htpasswd -B's default: 5)")
     ap.add_argument("--stalled", type=int, default=32)
     ap.add_argument("--wrong", type=int, default=150)
+    ap.add_argument("--distinct", action="store_true", help="each wrong password a new one (each costs a bcrypt "
+                    "check), not the same one every time")
     ap.add_argument("--seconds", type=float, default=10.0, help="of each phase")
     ap.add_argument("--timeout", type=float, default=10.0)
     ap.add_argument("--json", type=Path, help="also write the figures here")
@@ -97,13 +107,16 @@ def main() -> int:
                 if time.monotonic() > deadline:
                     raise SystemExit("the exporter did not answer within 30 s")
                 time.sleep(0.2)
-            quiet = scrape_for(port, ctx, args.seconds, args.timeout)
+            quiet_errors: Counter[str] = Counter()
+            quiet = scrape_for(port, ctx, args.seconds, args.timeout, quiet_errors)
             flood = subprocess.Popen([sys.executable, webflood.__file__, "--port", str(port), "--ca", str(pki.ca),
                                       "--stalled", str(args.stalled), "--wrong", str(args.wrong),
-                                      "--seconds", str(args.seconds + 2)], stdout=subprocess.PIPE)
+                                      "--seconds", str(args.seconds + 2), *(["--distinct"] if args.distinct else [])],
+                                     stdout=subprocess.PIPE)
             assert flood.stdout is not None and flood.stdout.readline() == b"ready\n"
             time.sleep(1.0)
-            flooded = scrape_for(port, ctx, args.seconds, args.timeout)
+            flood_errors: Counter[str] = Counter()
+            flooded = scrape_for(port, ctx, args.seconds, args.timeout, flood_errors)
             clients = json.loads(flood.communicate(timeout=60)[0].decode().splitlines()[-1])
         finally:
             if flood is not None and flood.poll() is None:
@@ -111,14 +124,16 @@ def main() -> int:
             proc.terminate()
             proc.wait(10)
     result = {"label": args.label, "machine": machine(), "bcrypt_cost": args.cost, "stalled": args.stalled,
-              "wrong_password_clients": args.wrong, "quiet": figures(quiet), "flood": figures(flooded),
+              "wrong_password_clients": args.wrong, "distinct_passwords": args.distinct,
+              "quiet": figures(quiet, quiet_errors), "flood": figures(flooded, flood_errors),
               "flood_clients": clients}
     result["p99_ratio_flood_to_quiet"] = round(result["flood"]["p99_ms"] / max(result["quiet"]["p99_ms"], 0.1), 1)
     print(f"{args.label}: bcrypt cost {args.cost}, {args.stalled} stalled handshakes + {args.wrong} wrong-password "
           f"clients, on {result['machine']}")
     for phase in ("quiet", "flood"):
         f = result[phase]
-        print(f"  {phase:5s}: {f['scrapes']} scrapes, p50 {f['p50_ms']} ms, p99 {f['p99_ms']} ms, max {f['max_ms']} ms")
+        print(f"  {phase:5s}: {f['scrapes']} scrapes, p50 {f['p50_ms']} ms, p99 {f['p99_ms']} ms, "
+              f"max {f['max_ms']} ms, failed {f['failed'] or 0}")
     print(f"  p99 flood/quiet {result['p99_ratio_flood_to_quiet']}x; flood clients got {clients}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -20,13 +20,16 @@ from exporter.samples.diversity import diversity_record
 from exporter.samples.reader import DROP_REASONS as SAMPLE_DROP_REASONS
 from exporter.samples.reader import PanelError, SampleReader
 from exporter.samples.sampleset import SampleSet
+from exporter.sources.tensorboard import DROP_REASONS as EVENT_DROP_REASONS
+from exporter.sources.trainer_state import DROP_REASONS as STATE_DROP_REASONS
 
 log = logging.getLogger(__name__)
 
 # One warning per run and kind of bad input (format and reason): a broken stream must not flood the
 # sidecar's own log.
 # Reasons a line is dropped unread (posttrain_exporter_lines_dropped_total), all exported from the start.
-LINE_DROP_REASONS = ("too_long", *SAMPLE_DROP_REASONS)
+# (the file readers' too: trainer_state.json's entries, TensorBoard's records and scalars)
+LINE_DROP_REASONS = ("too_long", *SAMPLE_DROP_REASONS, *STATE_DROP_REASONS, *EVENT_DROP_REASONS)
 # Reasons a console record's step is doubted (posttrain_exporter_step_disagreements_total), exported from the start.
 # epoch: a fallback step that the record's epoch contradicts; cut_line: a record lost to a cut line made the pairing
 # of the records after it with the bar's redraws a guess (checked against their epoch); late_redraw: a record took

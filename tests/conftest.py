@@ -135,7 +135,7 @@ SLOW_TESTS = frozenset({
     "test_web.py::test_handshakes_left_halfway_are_capped",
     "test_web.py::test_stalled_handshakes_and_wrong_passwords_leave_a_verified_scraper_fast",
     "test_web.py::test_tls_and_basic_auth_through_the_cli",
-    "test_web.py::test_wrong_passwords_back_off_per_address",
+    "test_web.py::test_right_password_served_while_its_address_sends_wrong_ones",
 })
 
 

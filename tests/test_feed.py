@@ -256,3 +256,53 @@ def test_the_verdict_poller_drops_a_stop_that_is_no_longer_about_its_training(tm
         feed.close()
         p.terminate()
         assert p.wait(10) == 0, p.stderr.read().decode()
+
+
+# --- hostile feeds --------------------------------------------------------------------------------------------------
+
+
+def test_a_feed_with_garbage_and_lines_near_and_over_1_mib_keeps_its_records(tmp_path: Path) -> None:
+    """The TRL feed with what a broken or hostile writer leaves in it: bytes that are no text, cut JSON, a line of
+    1 MiB and more (dropped unread: too_long), a line just under it with 70,000 keys (read, its keys past
+    limits.max_keys counted and not kept). Every record around them arrives, with its own step, and the run keeps
+    no more keys than its limit. This held before; the test keeps it so."""
+    from exporter.parsers.training import Training
+
+    feed = tmp_path / "feed.jsonl"
+    wide = json.dumps({"step": 4, **{f"k{i}": 1.0 for i in range(70_000)}})
+    assert len(wide) < 1 << 20
+    with feed.open("wb") as f:
+        f.write(Training.new().line().encode())
+        for s in (1, 2, 3):
+            f.write(feed_line(s, {"loss": 1 / s, "reward": s / 10}).encode())
+        f.write(b"\x00\xff\xfe garbage\n" + b'{"step": 3, "loss": \n' + wide.encode() + b"\n")
+        f.write(b'{"step": 4, "pad": "' + b"x" * (1 << 20) + b'"}\n')
+        for s in (5, 6):
+            f.write(feed_line(s, {"loss": 1 / s, "reward": s / 10}).encode())
+    ex = Exporter(Config(), [LogSpec(str(feed), "r")])
+    ex.read_to_end()
+    run, stats = ex.runs["r"], ex.stats["r"].total()
+    run.refresh()
+    assert run.step == 6 and dict(run.series[("reward", None)].history) == {s: s / 10 for s in (1, 2, 3, 5, 6)}
+    assert stats.lines_dropped["too_long"] == 1 and run.keys_dropped["max_keys"] > 0
+    assert len(run.passthrough) <= run.limits.max_keys
+    assert stats.parse_errors["jsonl", "bad_json"] == 1  # the cut line; the garbage matches no format
+
+
+def test_a_feed_of_another_training_appended_never_lends_it_this_ones_records(tmp_path: Path) -> None:
+    """Another run's training appends to the same feed (the same output folder reused): from its training line on,
+    the records are its own, from step 1 again, and the earlier training's values are not its. This held before;
+    the test keeps it so."""
+    from exporter.parsers.training import Training
+
+    feed = tmp_path / "feed.jsonl"
+    first, other = Training.new(), Training.new()
+    lines = [first.line(), *(feed_line(s, {"kl": 5.0, "reward": 0.1}) for s in range(1, 31)),
+             other.line(), *(feed_line(s, {"kl": 0.01, "reward": 0.9}) for s in range(1, 11))]
+    feed.write_text("".join(lines))
+    ex = Exporter(Config(), [LogSpec(str(feed), "r")])
+    ex.read_to_end()
+    run = ex.runs["r"]
+    run.refresh()
+    assert run.training == other and run.step == 10 and run.resets == 1
+    assert dict(run.series[("kl", None)].history) == {s: 0.01 for s in range(1, 11)}

@@ -628,3 +628,64 @@ def test_the_gpu_feed_writer_counts_what_it_cannot_write_and_writes_again(tmp_pa
         assert writer.written == 1 and "again (2 samples were lost)" in caplog.records[-1].getMessage()
     writer.stop()
     assert json.loads((blocker / "gpu-samples.jsonl").read_text().splitlines()[0])
+
+
+# --- hostile GPU feeds -------------------------------------------------------------------------------------------
+
+
+def _gpu_sample(t: float, gpus: int = 1, uuid: str = "GPU-a", model: str = "m") -> str:
+    return json.dumps({"t": t, "nvml_up": True, "cuda_devices": gpus, "gpus": [
+        {"gpu": g, "uuid": f"{uuid}{'' if gpus == 1 else g}", "model": model, "utilization_ratio": 1.0,
+         "power_watts": 300.0} for g in range(gpus)]}) + "\n"
+
+
+def test_the_gpu_feed_reader_skips_long_lines_and_samples_of_too_many_gpus(tmp_path) -> None:
+    """A whole line over 64 KiB was parsed when it came in one read (a GPU named by 100 KB of text was served), and
+    a sample of 5,000 GPUs was served as 5,000 GPUs: both are skipped and counted; the samples around them are read."""
+    path = tmp_path / "gpu.jsonl"
+    path.write_text(_gpu_sample(1000.0) + _gpu_sample(1001.0, uuid="GPU-long", model="x" * 100_000)
+                    + _gpu_sample(1002.0, gpus=5000, uuid="GPU-many-") + _gpu_sample(1003.0))
+    reader = FeedGpuReader(str(path), stale_after_seconds=30, wall_clock=lambda: 1005.0)
+    snap = reader.poll_once()
+    assert [g.uuid for g in snap.gpus] == ["GPU-a"] and snap.last_poll_timestamp == 1003.0
+    assert dict(snap.errors) == {"feed_bad_line": 2}
+
+
+def test_the_rest_of_a_long_line_read_across_looks_is_skipped_once(tmp_path) -> None:
+    """A 200 KB line whose end had not been written yet was dropped at its first look, and its rest, read at the
+    next, was parsed as a line of its own (a second error, garbage read as a sample): the rest is skipped to its
+    newline, the error counted once, and the sample after it read."""
+    path = tmp_path / "gpu.jsonl"
+    path.write_text(_gpu_sample(1000.0) + '{"t": 1001, "gpus": [], "pad": "' + "g" * 200_000)
+    reader = FeedGpuReader(str(path), stale_after_seconds=30, wall_clock=lambda: 1005.0)
+    assert [g.uuid for g in reader.poll_once().gpus] == ["GPU-a"]
+    with path.open("a") as f:
+        f.write("g" * 1000 + '"}\n' + _gpu_sample(1004.0, uuid="GPU-b"))
+    snap = reader.poll_once()
+    assert [g.uuid for g in snap.gpus] == ["GPU-b"] and dict(snap.errors) == {"feed_bad_line": 1}
+
+
+def test_gpus_that_come_and_go_keep_the_phase_trackers_bounded(tmp_path) -> None:
+    """A feed whose every sample names new GPUs (another node's file appended to it, or garbage that parses) kept a
+    phase tracker for every UUID ever seen: at most MAX_PHASES are kept, today's GPUs among them."""
+    from exporter.gpu.feed_samples import MAX_PHASES
+
+    path = tmp_path / "gpu.jsonl"
+    path.write_text("".join(_gpu_sample(1000.0 + i / 100, uuid=f"GPU-{i}") for i in range(MAX_PHASES + 200)))
+    reader = FeedGpuReader(str(path), stale_after_seconds=30, wall_clock=lambda: 1010.0)
+    snap = reader.poll_once()
+    assert len(reader._phases) <= MAX_PHASES and f"GPU-{MAX_PHASES + 199}" in reader._phases
+    assert [g.uuid for g in snap.gpus] == [f"GPU-{MAX_PHASES + 199}"]
+
+
+def test_a_gpu_feed_left_by_another_run_is_not_served(tmp_path) -> None:
+    """A sidecar started beside the GPU file of a run that ended an hour ago (the same path, another training): its
+    samples are not served as this run's GPUs. This held before; the test keeps it so."""
+    path = tmp_path / "gpu.jsonl"
+    path.write_text("".join(_gpu_sample(1000.0 + i) for i in range(100)))
+    reader = FeedGpuReader(str(path), stale_after_seconds=30, wall_clock=lambda: 1000.0 + 3600)
+    snap = reader.poll_once()
+    assert snap.gpus == () and not reader.active() and snap.visible_devices == 0
+    with path.open("a") as f:  # the new run starts writing: its samples are served
+        f.write(_gpu_sample(4599.0, uuid="GPU-new"))
+    assert [g.uuid for g in reader.poll_once().gpus] == ["GPU-new"]

@@ -132,12 +132,13 @@ def test_json_nesting_within_the_bound_and_brackets_in_strings_are_read() -> Non
     assert parse_json_line(text).values == {"loss": 2.0}
 
 
-def test_trainer_state_nested_5000_deep_is_a_parse_error_and_bad_entries_are_counted(tmp_path) -> None:
+def test_trainer_state_nested_5000_deep_is_counted_and_bad_entries_are_counted(tmp_path) -> None:
     path = tmp_path / "trainer_state.json"
-    path.write_text('{"log_history": [{"step": 1, "loss": 1, "x": ' + "[" * 5000 + "]" * 5000 + "}]}")
-    with pytest.raises(ParseError) as e:
-        TrainerStateReader(str(path)).poll()
-    assert e.value.reason == "too_deep"
+    path.write_text('{"log_history": [{"step": 1, "loss": 1, "x": ' + "[" * 5000 + "]" * 5000 + '}, {"step": 2, '
+                    '"loss": 2}]}')
+    reader = TrainerStateReader(str(path))
+    assert [r.step for r in reader.poll()] == [2]  # the entry after it is read
+    assert reader.entry_errors == {"too_deep": 1}
     entries = [{"step": 1, "loss": 1.0}, {"step": 2**63, "loss": 2.0}, {"step": -1, "loss": 3.0}, [1],
                {"loss": 4.0}, {"step": 2, "loss": float("9" * 400)}, {"step": 3, "loss": 5.0}]
     path.write_text(json.dumps({"log_history": entries}).replace("Infinity", "1" + "0" * 400))
@@ -439,3 +440,20 @@ def test_tqdm_write_lines_taken_and_left_in_turn_cost_linear_time(other: str) ->
 
     small, large = seconds(2000), seconds(8000)
     assert large < 8 * small, f"4x the lines took {large / small:.1f}x the time"
+
+
+def test_bar_descriptions_of_any_length_keep_the_postfix_caches_bounded() -> None:
+    """Each draw of a bar of a new 10,000-character description was remembered whole (4,096 of them: 40 MB): a long
+    description is named again at each draw instead, and the training bar's records still come."""
+    from exporter.console.postfix import PostfixReader
+
+    reader = PostfixReader()
+    records = list(reader.draw("Train step", 0, "10", "00:01<00:09, 1.00it/s, loss=0.9", 0))  # (a shared empty list)
+    for i in range(600):
+        records += reader.draw(f"{i:06d}{'d' * 10_000}", 5, "10", "00:01<00:01, 5.00it/s, loss=0.5", len(records))
+    records += reader.draw("Train step", 1, "10", "00:02<00:08, 1.00it/s, loss=0.8", len(records))
+    records += reader.draw("Train step", 2, "10", "00:03<00:07, 1.00it/s, loss=0.7", len(records))
+    assert [(r.step, r.values) for r in records] == [(1, {"loss": 0.9}), (2, {"loss": 0.8})]
+    kept = [d for d in (*reader._names, *reader.refused) if d is not None]
+    assert sum(map(len, kept)) < 1 << 20  # before: 6 MB for these 600 draws
+    assert reader.counts["tqdm_postfix", "not_training"] == 600

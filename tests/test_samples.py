@@ -478,3 +478,74 @@ def test_a_panel_given_up_for_the_text_inside_it_is_counted_whole(tmp_path: Path
     ex.read_to_end()
     assert list(ex.runs["g"].samples.sets) == [4]
     assert _dropped(ex, "g")["panel_unfinished"] == len(lines), (_dropped(ex, "g"), len(lines))
+
+
+# --- bounded in cells and characters, not only rows ---------------------------------------------------------------
+
+
+def test_a_table_of_too_many_columns_is_counted_and_the_panels_around_it_are_read() -> None:
+    """A table of 50,000 named columns took the exporter to 626 MB: one too wide for TRL's table (over MAX_COLUMNS)
+    is left out whole, its lines counted as panel_too_wide; the panels before and after it are read."""
+    from support.hostile_inputs import good_panel, panel_lines
+
+    from exporter.samples.panels import MAX_COLUMNS
+
+    wide = list(panel_lines(2, ["Prompt", "Completion", *(f"r{i}" for i in range(MAX_COLUMNS))],
+                            [["p", "c", *("1" for _ in range(MAX_COLUMNS))]] * 3))
+    reader = SampleReader()
+    sets = [s for line in [*good_panel(1), *wide, *good_panel(3)] if (s := reader.line(line)) is not None]
+    assert [s.step for s in sets] == [1, 3] and [len(s.samples) for s in sets] == [2, 2]
+    assert sets[1].samples[0].completion == "4 at step 3"
+    assert reader.dropped == {"panel_too_wide": len(wide)}
+
+
+def test_a_wide_table_keeps_fewer_rows() -> None:
+    """Rows x columns kept are bounded (MAX_CELLS): a table of MAX_COLUMNS columns keeps MAX_CELLS / MAX_COLUMNS
+    rows, the rest counted as panel_rows_over_cap."""
+    from support.hostile_inputs import panel_lines
+
+    from exporter.samples.panels import MAX_CELLS, MAX_COLUMNS
+
+    headers = ["Prompt", "Completion", *(f"r{i}" for i in range(MAX_COLUMNS - 2))]
+    rows = [[f"p{i}", "c", *("1" for _ in range(MAX_COLUMNS - 2))] for i in range(MAX_CELLS // MAX_COLUMNS + 100)]
+    reader = PanelReader()
+    (s,) = [s for line in panel_lines(5, headers, rows) if (s := reader.line(line)) is not None]
+    assert len(s.samples) == MAX_CELLS // MAX_COLUMNS and s.samples[-1].prompt == f"p{len(s.samples) - 1}"
+    assert reader.dropped == {"panel_rows_over_cap": 100}
+
+
+def test_verl_samples_are_bounded_in_scores_and_characters_per_step() -> None:
+    """A sample's `[key] value` lines past MAX_SCORES are counted (sample_scores_over_cap), and a step keeps at most
+    MAX_STEP_TEXT characters of samples (the rest: samples_over_cap); the next step is read."""
+    from exporter.samples.verl import MAX_SCORES, MAX_STEP_TEXT, MAX_TEXT
+
+    reader = SampleReader()
+    lines = ["[prompt] 1+1?", "[response] 2", *(f"[score_{k}] 1.0" for k in range(MAX_SCORES + 10))]
+    long_samples = MAX_STEP_TEXT // (2 * MAX_TEXT) + 5
+    for _ in range(long_samples):
+        lines += ["[prompt] " + "p" * MAX_TEXT, "[response] " + "r" * MAX_TEXT, "[score] 1.0"]
+    for line in lines:
+        reader.line(line)
+    first = reader.close(1)
+    assert first is not None and len(first.samples[0].rewards) == MAX_SCORES
+    kept = (MAX_STEP_TEXT - len("1+1?2")) // (2 * MAX_TEXT)  # of the long ones, after the first sample
+    assert len(first.samples) == 1 + kept
+    assert reader.dropped == {"sample_scores_over_cap": 10, "samples_over_cap": long_samples - kept}
+    for line in ["[prompt] 2+2?", "[response] 4", "[score] 1.0"]:
+        reader.line(line)
+    second = reader.close(2)
+    assert second is not None and [x.completion for x in second.samples] == ["4"]
+
+
+def test_the_exporter_counts_a_too_wide_table_and_keeps_the_records_around_it(tmp_path) -> None:
+    """Through `dump`: the records and the good panels around tables of 2,000 columns arrive; what was left out is
+    in posttrain_exporter_lines_dropped_total{reason="panel_too_wide"}."""
+    from support.hostile_inputs import wide_table
+
+    log = wide_table(tmp_path / "wide.log", 1, columns=2000, rows_per_panel=5)
+    res = run_cli("dump", "--no-gpu", "--run", "r", str(log))
+    assert res.returncode == 0, res.stderr.decode()[-2000:]
+    out = res.stdout.decode()
+    assert 'posttrain_step{run="r"} 10000.0' in out
+    assert 'posttrain_exporter_lines_dropped_total{reason="panel_too_wide",run="r"} 15.0' in out  # every line of it
+    assert 'posttrain_completion_diversity{' in out

@@ -104,3 +104,31 @@ def test_the_exporter_reads_a_trainers_event_files_as_a_run() -> None:
     # its bytes are counted as every source's are (posttrain_exporter_source_read_bytes_total)
     event_bytes = sum(p.stat().st_size for p in (EVENTS.glob("**/*tfevents*") if EVENTS.is_dir() else [EVENTS]))
     assert tb.inputs[0].follow.bytes_read == event_bytes > 0
+
+
+def test_event_files_are_read_in_bounded_pieces_and_what_is_left_out_is_counted(tmp_path: Path) -> None:
+    """The rest of an event file was read whole at each poll, a step kept every tag it had, and a record of up to
+    64 MiB was read: now a poll reads at most CHUNK_BYTES (the reader is `behind` meanwhile), a record over
+    MAX_EVENT is skipped unread (event_too_large) and a step keeps MAX_TAGS scalars (event_tags_over_cap); the
+    steps around them are read."""
+    from support.hostile_inputs import event, field_padding
+
+    from exporter.sources.tensorboard import CHUNK_BYTES, MAX_EVENT, MAX_TAGS
+
+    path = tmp_path / "events.out.tfevents.1.host"
+    data = event(1, {"train/loss": 0.9}) + event(2, {f"train/t{k}": 1.0 for k in range(MAX_TAGS + 10)})
+    data += event(3, {"train/loss": 0.5}, field_padding(MAX_EVENT + 1))
+    data += b"".join(event(s, {"train/loss": 1 / s}) for s in range(4, 4 + 2 * CHUNK_BYTES // 30))
+    path.write_bytes(data)
+    reader = TensorBoardReader(str(path))
+    records, polls = reader.poll(), 1
+    assert reader.behind
+    while reader.behind:
+        records += reader.poll()
+        polls += 1
+    records += reader.finish()
+    assert polls >= 3
+    by_step = {r.step: r.values for r in records}
+    assert by_step[1] == {"loss": pytest.approx(0.9)} and len(by_step[2]) == MAX_TAGS and 3 not in by_step
+    assert max(by_step) == 3 + 2 * CHUNK_BYTES // 30 and len(by_step) == 2 + 2 * CHUNK_BYTES // 30
+    assert dict(reader.dropped) == {"event_too_large": 1, "event_tags_over_cap": 10} and not reader.errors

@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import os
+import time
 
 from exporter.app import Exporter
 from exporter.config import Config, LogSpec
@@ -153,3 +154,99 @@ def test_the_reader_alone_reads_from_the_step_before_the_departure(tmp_path) -> 
     assert [r.step for r in reader.poll()] == list(range(1, 21))
     save(path, [entry(s) for s in range(1, 11)] + [entry(s, reward=9.0) for s in range(15, 25)], mtime=2_000)
     assert [r.step for r in reader.poll()] == [10, *range(15, 25)] and reader.rewrites == 1
+
+
+# --- hostile files: huge, truncated mid-write, swapped, rewritten in place -----------------------------------------
+
+
+def test_a_huge_history_is_read_in_bounded_pieces_and_an_entry_too_large_is_left_out(tmp_path) -> None:
+    """The whole file was read, decoded and parsed at once (a 100 MB file took the exporter past 1 GB): entries are
+    read one at a time and handed over at most RECORDS_PER_POLL a poll (the reader is `behind` meanwhile); an entry
+    over 1 MiB is left out unread and counted, the entries around it read."""
+    from exporter.sources.trainer_state import RECORDS_PER_POLL
+
+    path = tmp_path / "trainer_state.json"
+    history = [entry(s) for s in range(1, 2 * RECORDS_PER_POLL + 500)]
+    history[99]["note"] = "z" * (2 << 20)
+    save(path, history, mtime=1_000)
+    reader = TrainerStateReader(str(path))
+    polls = []
+    while not polls or reader.behind:
+        polls.append([r.step for r in reader.poll()])
+        assert len(polls) < 10
+    assert [len(p) for p in polls] == [RECORDS_PER_POLL, RECORDS_PER_POLL, len(history) - 1 - 2 * RECORDS_PER_POLL]
+    assert [s for p in polls for s in p] == [s for s in range(1, len(history) + 1) if s != 100]
+    assert reader.dropped == {"entry_too_large": 1} and reader.rewrites == 0
+    assert reader.poll() == []  # unchanged: nothing read again
+
+
+def test_a_file_cut_mid_write_gives_what_it_holds_and_is_counted_once(tmp_path) -> None:
+    """The Trainer writes the file in place: read mid-write, it ends inside its JSON. The entries before the cut are
+    taken, the error counted once for that version of the file (it was counted at every poll), and the whole file,
+    once written, gives the rest with no reset."""
+    path = tmp_path / "trainer_state.json"
+    save(path, [entry(s) for s in range(1, 11)], mtime=1_000)
+    ex = exporter(path)
+    full = json.dumps({"global_step": 20, "log_history": [entry(s) for s in range(1, 21)]}, indent=2)
+    path.write_text(full[: full.index('"step": 15') + 5])
+    os.utime(path, (2_000, 2_000))
+    for _ in range(5):
+        ex.poll_once()
+    assert sorted(series(ex, "kl")) == list(range(1, 15))
+    assert ex.stats["r"].parse_errors["trainer_state", "bad_trainer_state"] == 1
+    path.write_text(full)
+    os.utime(path, (3_000, 3_000))
+    ex.poll_once()
+    assert sorted(series(ex, "kl")) == list(range(1, 21)) and ex.runs["r"].resets == 0
+
+
+def test_a_symlink_swapped_to_another_file_of_the_same_size_and_time_is_read(tmp_path) -> None:
+    """`trainer_state.json` a symlink, swapped to another training's file of the same size and modification time: it
+    was taken as unchanged (known by path, time and size); the file's identity is part of what says it changed."""
+    a, b, link = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "trainer_state.json"
+    save(a, [entry(s, reward=1.0) for s in range(1, 11)], mtime=1_000)
+    save(b, [entry(s, reward=2.0) for s in range(1, 11)], mtime=1_000)
+    assert a.stat().st_size == b.stat().st_size
+    link.symlink_to(a)
+    ex = exporter(link)
+    assert set(series(ex, "reward").values()) == {1.0}
+    tmp = tmp_path / "swap"
+    tmp.symlink_to(b)
+    os.replace(tmp, link)
+    ex.poll_once()
+    assert series(ex, "reward") == {s: 2.0 for s in range(1, 11)} and ex.runs["r"].resets == 1
+
+
+def test_a_history_rewritten_in_place_every_100_ms_gives_every_entry_once(tmp_path) -> None:
+    """A writer rewrites the file in place (truncated, then written in pieces) every 100 ms, 5 entries longer each
+    time, while the exporter polls: every entry arrives once, in order, with no reset. This held before; the test
+    keeps it so with the streamed reader, which takes the entries of a file read mid-write."""
+    import threading
+
+    path = tmp_path / "trainer_state.json"
+    save(path, [entry(1)], mtime=1_000)
+    ex = exporter(path)
+    done = threading.Event()
+
+    def write() -> None:
+        for n in range(5, 151, 5):
+            text = json.dumps({"global_step": n, "log_history": [entry(s) for s in range(1, n + 1)]}, indent=2)
+            with path.open("w") as f:
+                for i in range(0, len(text), 4096):
+                    f.write(text[i:i + 4096])
+                    f.flush()
+            time.sleep(0.1)
+        done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    while not done.is_set():
+        ex.poll_once()
+        time.sleep(0.01)
+    writer.join()
+    os.utime(path, (5_000, 5_000))  # a last, whole version
+    ex.poll_once()
+    while ex.inputs[0].catching_up:
+        ex.poll_once()
+    assert sorted(series(ex, "kl")) == list(range(1, 151))
+    assert ex.runs["r"].resets == 0 and ex.stats["r"].lines["trainer_state", "record"] == 150

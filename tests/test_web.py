@@ -331,7 +331,8 @@ def test_stalled_tls_handshakes_hold_no_worker(server, pki, tmp_path) -> None:
         t0 = time.monotonic()
         assert get(f"https://localhost:{port}/healthz", context=client_context(pki))[:2] == (200, "ok\n")
         assert time.monotonic() - t0 < 1.0
-        silent[0].sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # a handshaken client asks at last
+        # a handshaken client asks at last (and closes: kept alive, it would wait at the gate again, a fourth)
+        silent[0].sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         silent[0].settimeout(5)
         assert silent[0].recv(100).startswith(b"HTTP/1.1 200")
         assert httpd.tls_failures == 0  # nothing failed: they are still waiting
@@ -483,18 +484,19 @@ def test_basic_auth(server, hashed, tmp_path) -> None:
     for path in ("/metrics", "/healthz", "/", "/nothing"):
         status, _, headers = get(base + path)
         assert status == 401 and headers["WWW-Authenticate"].startswith("Basic"), path
-    assert get(base + "/metrics", {"Authorization": "Basic !!!"})[0] == 401  # malformed: no check, no backoff
+    assert get(base + "/metrics", {"Authorization": "Basic !!!"})[0] == 401  # malformed: no check
     status, body, headers = get(base + "/metrics", basic("prometheus", PASSWORD))
     assert status == 200 and "posttrain_step" in body and headers["X-Content-Type-Options"] == "nosniff"
     assert get(base + "/healthz", basic("prometheus", PASSWORD))[:2] == (200, "ok\n")
     assert get(base + "/metrics", basic("prometheus", "wrong"))[0] == 401
-    assert get(base + "/metrics", basic("someone", PASSWORD))[0] == 429  # this address waits after a wrong one
+    assert get(base + "/metrics", basic("someone", PASSWORD))[0] == 401  # an unknown user: checked, refused
     assert get(base + "/metrics", basic("prometheus", PASSWORD))[0] == 200  # verified before: never waits
 
 
-def test_wrong_passwords_back_off_per_address(server, hashed, tmp_path) -> None:
-    """A wrong password makes its address wait (429 with Retry-After, no check), doubling with each wrong one in
-    a row; another address is checked meanwhile; a right password once the wait is over is accepted."""
+def test_wrong_passwords_never_lock_out_the_right_one(server, hashed, tmp_path) -> None:
+    """Wrong passwords from an address are each checked and answered 401, never 429 for having been wrong; the
+    right password from that same address right after is served; the same wrong password again is refused
+    without another check."""
     httpd = server(web=parse_web_config({"basic_auth_users": {"prometheus": hashed}}, str(tmp_path)))
     port = port_of(httpd)
 
@@ -506,17 +508,92 @@ def test_wrong_passwords_back_off_per_address(server, hashed, tmp_path) -> None:
         conn.close()
         return r.status, r.getheader("Retry-After")
 
-    assert status("wrong") == (401, None)
-    assert status("wrong") == (429, "1")
-    assert status(PASSWORD) == (429, "1")  # not checked either: the address waits
-    assert status("wrong", "127.0.0.2")[0] == 401  # another address has its own check
-    time.sleep(1.1)
-    assert status("wrong") == (401, None)
-    assert status("wrong") == (429, "2")  # the second wrong password in a row: twice the wait
-    time.sleep(2.1)
-    assert status(PASSWORD)[0] == 200
-    assert status("wrong") == (401, None)  # the right password ended the backoff: 1 s again
-    assert status("wrong") == (429, "1")
+    for i in range(5):
+        assert status(f"wrong-{i}") == (401, None)
+    assert status(PASSWORD) == (200, None)  # the address sent 5 wrong ones: its right one still gets in
+    assert status("wrong-0") == (401, None)
+    assert status("wrong", "127.0.0.2") == (401, None)
+    assert httpd.refusals()["wrong_password"] == 7 and httpd.refusals()["throttled"] == 0
+
+
+def test_passwords_bcrypt_cannot_read_are_refused_and_counted(server, hashed, tmp_path) -> None:
+    """bcrypt reads 72 bytes and the library raises past them: such a password is a wrong one (401, counted),
+    never a 500."""
+    httpd = server(web=parse_web_config({"basic_auth_users": {"prometheus": hashed}}, str(tmp_path)))
+    base = f"http://127.0.0.1:{port_of(httpd)}/metrics"
+    assert get(base, basic("prometheus", "x" * 73))[0] == 401
+    assert get(base, basic("prometheus", PASSWORD + "y" * 72))[0] == 401  # the right one's first 72 bytes, and more
+    assert get(base, basic("nobody", "é" * 40))[0] == 401  # 80 bytes in UTF-8
+    assert httpd.refusals()["wrong_password"] == 3
+    assert get(base, basic("prometheus", PASSWORD))[0] == 200
+
+
+def test_check_queue_bounds_each_address_and_the_wait() -> None:
+    """The bcrypt checks' turns: one at a time in the order asked; one address holds at most `per_address` places,
+    all together at most `at_once` (beyond: refused at once); a request whose turn has not come within `wait`
+    seconds gets none."""
+    from exporter.exposition.auth import CheckQueue
+
+    checks = CheckQueue(at_once=3, per_address=2, wait=0.5)
+    first = checks.enter("10.0.0.1")
+    assert not isinstance(first, str)
+    got: dict[str, object] = {}
+
+    def enter(name: str, address: str) -> threading.Thread:
+        t = threading.Thread(target=lambda: got.__setitem__(name, checks.enter(address)))
+        t.start()
+        time.sleep(0.05)
+        return t
+
+    second = enter("second", "10.0.0.1")
+    assert checks.enter("10.0.0.1") == "too many passwords from this address being checked"
+    third = enter("third", "10.0.0.2")
+    assert checks.enter("10.0.0.3") == "too many passwords being checked"
+    checks.leave(first)
+    second.join(5)
+    assert not isinstance(got["second"], str)  # its turn came when the first left
+    t0 = time.monotonic()
+    third.join(5)
+    assert got["third"] == "waited too long for its password to be checked"  # the second kept the turn
+    assert time.monotonic() - t0 < 0.6
+    checks.leave(got["second"])  # type: ignore[arg-type]
+    assert not isinstance(checks.enter("10.0.0.3"), str)
+
+
+def test_right_password_served_while_its_address_sends_wrong_ones(pki, tmp_path) -> None:
+    """`serve` with TLS and a bcrypt password at cost 10, started fresh (no password verified yet): wrong
+    passwords from 127.0.0.1 at 5 a second, each a new one; the right password from 127.0.0.1 is served within
+    1 s on each of 20 scrapes."""
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()
+    p, port = serve_tls_with_password(pki, hashed, tmp_path)
+    flood = None
+    ctx = client_context(pki)
+    try:
+        wait_body(f"https://localhost:{port}/metrics", "Unauthorized", context=ctx)  # up; no password sent
+        flood = subprocess.Popen([sys.executable, webflood.__file__, "--port", str(port), "--ca", str(pki.ca),
+                                  "--stalled", "0", "--wrong", "1", "--source", "127.0.0.1", "--pause", "0.2",
+                                  "--distinct", "--seconds", "14"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert flood.stdout is not None and flood.stdout.readline() == b"ready\n", flood.stderr.read()
+        time.sleep(1.5)  # several wrong passwords in
+        results: list[tuple[int, float]] = []
+        for _ in range(20):
+            t0 = time.monotonic()
+            try:
+                status = get(f"https://localhost:{port}/metrics", basic("prometheus", PASSWORD), ctx, timeout=5)[0]
+            except OSError:
+                status = 0
+            results.append((status, time.monotonic() - t0))
+            time.sleep(0.5)
+        clients = json.loads(flood.communicate(timeout=30)[0].decode().splitlines()[-1])
+    finally:
+        if flood is not None and flood.poll() is None:
+            flood.kill()
+        p.terminate()
+        assert p.wait(10) == 0, p.stderr.read().decode()
+    served = [t for status, t in results if status == 200 and t < 1.0]
+    assert len(served) == 20, (results, clients)
+    wrong = clients["wrong_password_responses"]
+    assert wrong.get("401", 0) >= 50 and set(wrong) == {"401"}, clients  # 5 a second for 14 s, each checked
 
 
 def test_tls_and_basic_auth_through_the_cli(pki, hashed, tmp_path) -> None:

@@ -47,6 +47,8 @@ _EPISODE = re.compile(r"Episode \[(\d{1,9})/\d{1,9}\]")  # OpenRLHF PPO: 1-based
 _EPOCH_OF = re.compile(r"\bepoch (\d{1,9})\s*$")  # OpenRLHF `Train step of epoch N`: 0-based
 _NONE: list[Record] = []  # returned, never changed
 _MAX_NAMES = 4096
+_MAX_NAMED = 256  # characters of a description remembered (a longer one is named again at each draw): the caches
+# hold at most _MAX_NAMES x _MAX_NAMED characters, whatever the bars' descriptions
 
 
 def postfix_pairs(bracket: str) -> list[tuple[str, str]]:
@@ -129,7 +131,8 @@ class PostfixReader:
         desc, family = named
         if family != self._family:
             if self._family is not None or _NOT_TRAINING.search(desc):
-                self.refused.add(description)  # for good: the training bar, once chosen, stays
+                if description is None or len(description) <= _MAX_NAMED:
+                    self.refused.add(description)  # for good: the training bar, once chosen, stays
                 self.counts[FORMAT, "not_training"] += 1
                 return out
             self._family = family
@@ -176,7 +179,9 @@ class PostfixReader:
         with few distinct percentages."""
         desc = _PERCENTAGE.sub("", description.strip()).rstrip() if description else ""
         named = (desc, _DIGITS.sub("#", desc))
-        if len(self._names) >= _MAX_NAMES:
+        if description is not None and len(description) > _MAX_NAMED:
+            return named
+        if len(self._names) >= _MAX_NAMES or len(self.refused) >= _MAX_NAMES:
             self._names.clear()
             self.refused.clear()
         self._names[description] = named

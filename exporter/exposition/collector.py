@@ -226,10 +226,16 @@ class ExporterCollector(Collector):
                                       "limits.max_keys distinct keys: not exported as posttrain_metric, nor as a "
                                       "label value such as a reward component), key_too_long (over "
                                       "limits.max_key_length), key_not_utf8.", labels=["run", "reason"])
-        lines_dropped = CounterMetricFamily(p + "lines_dropped", "Lines dropped unread, by reason: too_long "
-                                            "(over limits.max_line_length characters); of printed completions: "
-                                            "panel_unfinished, panel_rows_over_cap, samples_without_step (lines), "
-                                            "samples_over_cap, sample_without_response (samples).",
+        lines_dropped = CounterMetricFamily(p + "lines_dropped", "Lines dropped unread, and what the readers "
+                                            "leave out to stay in bounded memory, by reason: too_long (over "
+                                            "limits.max_line_length characters); of printed completions: "
+                                            "panel_unfinished, panel_rows_over_cap (rows past 4096, or past "
+                                            "32768 cells), panel_too_wide (over 64 columns), samples_without_step, "
+                                            "sample_scores_over_cap (lines), samples_over_cap, "
+                                            "sample_without_response (samples); of trainer_state.json: "
+                                            "entry_too_large (over 1 MiB), entries_over_cap (past 2^20 entries) "
+                                            "(entries); of TensorBoard files: event_too_large (records over 512 "
+                                            "KiB), event_tags_over_cap (scalars of a step past 4096).",
                                             labels=["run", "reason"])
         skipped = CounterMetricFamily(p + "values_skipped", "Logged values not exported, by reason: not numbers "
                                       "(none, non_numeric), out of a float's range (out_of_range), or steps that "

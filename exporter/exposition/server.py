@@ -9,8 +9,8 @@ threads; HTTP/1.1 with keep-alive, as Prometheus scrapes (a connection goes back
 requests, where it may wait KEEPALIVE_IDLE_SECONDS for the next, so an idle scraper's connection holds no
 worker either); an idle timeout on every read and write and a deadline on each request; IPv4 and IPv6
 (`[::1]:9847`; `[::]:9847` takes both); TLS and basic auth from the web config (exposition/webconfig.py) on
-every path, wrong passwords limited per address (exposition/auth.py). Scrapes that arrive while the
-exposition is being rendered share that rendering."""
+every path, the bcrypt work of passwords not seen before limited per address (exposition/auth.py). Scrapes
+that arrive while the exposition is being rendered share that rendering."""
 
 from __future__ import annotations
 
@@ -501,8 +501,9 @@ class RefusalCollector:
         fam = CounterMetricFamily("posttrain_exporter_http_refused", "HTTP clients turned away before a worker "
                                   "served them, by reason: tls_handshake (failed or refused handshakes), evicted "
                                   "(waiting connections closed to make room, per-address and half-done handshake "
-                                  "limits), wrong_password (failed basic auth), throttled (answered 429 during a "
-                                  "failed-password back-off or while checks were full).", labels=["reason"])
+                                  "limits), wrong_password (failed basic auth), throttled (answered 429 "
+                                  "without a check: too many passwords being checked, from all or from its address, "
+                                  "or its turn not come within the wait).", labels=["reason"])
         server = self.server
         if server is not None:
             for reason, n in server.refusals().items():

@@ -18,7 +18,11 @@ A sample stamped more than `stale_after_seconds` ahead of the reader's clock (a 
 host) is skipped and counted (kind feed_future_sample): it would otherwise become the reference that every later,
 real sample is "older than". If the clock steps back under an accepted sample, the next sample replaces it. A
 value no GPU can have (fields.RANGES: utilization outside [0, 1], which refuses a percent rather than guessing it;
-negative power or memory; memory used above total) is not served, counted as feed_out_of_range."""
+negative power or memory; memory used above total) is not served, counted as feed_out_of_range.
+
+Bounded whatever the file holds: a line over MAX_LINE_BYTES is skipped unparsed, a sample of more than MAX_GPUS
+GPUs is skipped (both feed_bad_line), at most MAX_PHASES GPUs' phase windows are kept, and a look
+reads at most CHUNK_BYTES."""
 
 from __future__ import annotations
 
@@ -39,7 +43,9 @@ from exporter.gpu.sampler import GpuReading, GpuSnapshot
 log = logging.getLogger(__name__)
 
 VALUE_FIELDS: tuple[str, ...] = tuple(f.attr for f in FIELDS)
-MAX_LINE_BYTES = 1 << 16  # a line longer than this is not ours: skipped, counted
+MAX_LINE_BYTES = 1 << 16  # a line longer than this is not ours: skipped unparsed, counted (feed_bad_line)
+MAX_GPUS = 64  # GPUs of one sample (a node has at most a few dozen): a sample with more is skipped, counted
+MAX_PHASES = 4 * MAX_GPUS  # GPUs whose phase is followed: beyond, those absent from the latest sample are forgotten
 # A sidecar (re)started beside a long run starts this far from the file's end (the phase windows need minutes, not
 # the whole history), and reads at most a chunk per look: its memory does not grow with the run.
 TAIL_START_BYTES = 1 << 20
@@ -83,6 +89,8 @@ def parse_sample(line: str) -> tuple[float, bool, int, list[dict[str, Any]]]:
         raise BadSample(f"not JSON ({e})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("gpus"), list):
         raise BadSample("not a GPU sample (no `gpus` list)")
+    if len(obj["gpus"]) > MAX_GPUS:
+        raise BadSample(f"{len(obj['gpus'])} GPUs in one sample (at most {MAX_GPUS})")
     t = _number(obj.get("t"), "t")
     gpus = []
     for g in obj["gpus"]:
@@ -109,7 +117,8 @@ class FeedGpuReader:
         self._offset = 0
         self._inode: int | None = None
         self._partial = b""
-        self._phases = PhaseByGpu(self.phase_config, interval_seconds)
+        self._phases = PhaseByGpu(self.phase_config, interval_seconds, limit=MAX_PHASES)
+        self._skipping = False  # inside a line over MAX_LINE_BYTES: the rest of it, to its newline, is skipped
         self._errors: Counter[str] = Counter()
         self._lines = 0
         self._last: tuple[float, bool, tuple[GpuReading, ...]] | None = None  # (t, nvml_up, readings)
@@ -183,13 +192,24 @@ class FeedGpuReader:
             data = f.read(min(st.st_size - self._offset, CHUNK_BYTES))
         self._offset += len(data)
         lines = (self._partial + data).split(b"\n")
-        if skip_first:  # started mid-line
-            lines = lines[1:] or [b""]
+        if skip_first or self._skipping:  # started mid-line, or in the rest of an over-long one
+            if self._skipping and len(lines) == 1:
+                return []  # still inside it
+            lines, self._skipping = lines[1:] or [b""], False
         self._partial = lines.pop()  # an incomplete last line waits for its end
         if len(self._partial) > MAX_LINE_BYTES:
-            self._count("feed_bad_line", f"GPU feed {self.path}: a line longer than {MAX_LINE_BYTES} bytes skipped")
-            self._partial = b""
-        return [ln for ln in lines if ln.strip()]
+            self._too_long()
+            self._partial, self._skipping = b"", True
+        kept = []
+        for ln in lines:
+            if len(ln) > MAX_LINE_BYTES:
+                self._too_long()
+            elif ln.strip():
+                kept.append(ln)
+        return kept
+
+    def _too_long(self) -> None:
+        self._count("feed_bad_line", f"GPU feed {self.path}: a line longer than {MAX_LINE_BYTES} bytes skipped")
 
     def _apply(self, raw: bytes) -> None:
         self._lines += 1
@@ -214,6 +234,7 @@ class FeedGpuReader:
             self._phases.clear()
         self.cuda_devices = cuda
         readings = []
+        self._phases.bound({x["uuid"] for x in gpus})  # GPUs come and go (another node's file?): keep today's
         for g in gpus:
             values = {a: g[a] for a in VALUE_FIELDS if a in g}
             self._drop_out_of_range(g["gpu"], values)

@@ -163,9 +163,21 @@ class PhaseByGpu:
     """One PhaseTracker per GPU, by UUID, made at its first reading with both utilization and power: a GPU that
     comes back (an NVML re-init, a feed's next sample) keeps its windows. The sampler and the feed reader share it."""
 
-    def __init__(self, cfg: PhaseConfig, interval_seconds: float) -> None:
+    def __init__(self, cfg: PhaseConfig, interval_seconds: float, limit: int | None = None) -> None:
         self.cfg, self.interval = cfg, interval_seconds
+        self.limit = limit  # GPUs followed at most: a feed's GPUs may come and go without end
         self._trackers: dict[str, PhaseTracker] = {}
+
+    def __len__(self) -> int:
+        return len(self._trackers)
+
+    def __contains__(self, uuid: object) -> bool:
+        return uuid in self._trackers
+
+    def bound(self, present: set[str]) -> None:
+        """Once `limit` GPUs are followed, forget those absent from the latest sample (`present`)."""
+        if self.limit is not None and len(self._trackers) >= self.limit:
+            self._trackers = {k: v for k, v in self._trackers.items() if k in present}
 
     def update(self, uuid: str, t: float, utilization: float | None, power: float | None) -> PhaseReading | None:
         """This poll's phase of the GPU `uuid`; None when the poll lacks utilization or power."""

@@ -43,12 +43,13 @@ def loads_bounded(text: str, fmt: str, reason: str = "bad_json") -> object:
     if text.count("{") + text.count("[") > MAX_JSON_DEPTH and json_depth(text) > MAX_JSON_DEPTH:
         raise ParseError("too_deep", f"nested deeper than {MAX_JSON_DEPTH} levels", fmt)
     try:
-        return json.loads(text, parse_int=_parse_int)
+        return json.loads(text, parse_int=parse_int_bounded)
     except ValueError as e:
         raise ParseError(reason, str(e)[:80], fmt) from None
 
 
-def _parse_int(text: str) -> int | _OutOfRange:
+def parse_int_bounded(text: str) -> int | _OutOfRange:
+    """json's parse_int: an integer too long to be a value (a hostile 100,000 digits) is OUT_OF_RANGE, unread."""
     return int(text) if len(text) <= _MAX_INT_DIGITS else OUT_OF_RANGE
 
 

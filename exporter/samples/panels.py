@@ -27,10 +27,13 @@ from exporter.samples.sampleset import Sample, SampleSet
 _TITLE = re.compile(r"╭─*+ Step (\d{1,15}) ─*+╮\s*$")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*+[A-Za-z]")
 MAX_ROWS = 4096  # rows kept of one panel: a printout of a whole large batch is read, its rows past this are not
+MAX_COLUMNS = 64  # Prompt, Completion, one per reward function, Advantage, extras: a wider table is not TRL's
+MAX_CELLS = 1 << 15  # rows x columns kept of one panel: a wide table keeps fewer rows
 MAX_CELL = 4000  # characters kept of one cell
 MAX_PANEL = 1 << 21  # characters kept of one panel: a hostile or huge table costs bounded memory
-# what a panel reader leaves out, by reason (lines): a panel whose bottom never came, rows past MAX_ROWS
-DROP_REASONS = ("panel_unfinished", "panel_rows_over_cap")
+# what a panel reader leaves out, by reason (lines): a panel whose bottom never came, rows past MAX_ROWS (or past
+# MAX_CELLS in all), a panel of more than MAX_COLUMNS columns
+DROP_REASONS = ("panel_unfinished", "panel_rows_over_cap", "panel_too_wide")
 _MAX_FOREIGN = 64  # other lines inside a panel before it is given up (another stream's text interleaved)
 
 
@@ -53,8 +56,10 @@ class PanelReader:
         self._lengths: list[int] = []  # characters kept of each of its cells
         self._kept = 0  # characters kept of the panel
         self._ncols = 0
+        self._max_rows = MAX_ROWS
         self._foreign = 0
         self._broken = False
+        self._too_wide = False  # the open panel has more than MAX_COLUMNS columns: its lines are only counted
 
     @property
     def open(self) -> bool:
@@ -75,6 +80,10 @@ class PanelReader:
                 self._rest_of_given_up(text)
             return None
         if text.startswith("╰"):
+            if self._too_wide:
+                self.dropped["panel_too_wide"] += 1
+                self._step = None
+                return None
             return self._end()
         if not (text.startswith("│") and text.endswith("│")) or len(text) < 4:
             self._foreign += 1
@@ -83,6 +92,9 @@ class PanelReader:
                 self._given_up, self._foreign = True, 0
             return None
         self._lines += 1
+        if self._too_wide:
+            self.dropped["panel_too_wide"] += 1
+            return None
         if self._broken:
             return None
         try:
@@ -96,7 +108,8 @@ class PanelReader:
         """The panel never ended (its bottom line never came: the stream ended, or too much other text came inside
         it): its lines are counted as dropped."""
         if self._step is not None:
-            self.dropped["panel_unfinished"] += self._lines + 1  # its title line too
+            if not self._too_wide:  # a too wide one's lines were counted as they came
+                self.dropped["panel_unfinished"] += self._lines + 1  # its title line too
             self._step = None
 
     def _rest_of_given_up(self, text: str) -> None:
@@ -114,17 +127,23 @@ class PanelReader:
         self.finish()  # a new title inside an open panel: the open one never ended
         self._step, self._headers, self._rows, self._cells = step, [], [], None
         self._ncols, self._foreign, self._broken, self._kept, self._lines = 0, 0, False, 0, 0
+        self._too_wide, self._max_rows = False, MAX_ROWS
 
     def _table_line(self, inner: str) -> None:
         head = inner[:1]
         if head == "┏":
             self._ncols = inner.count("┳") + 1
+            if self._ncols > MAX_COLUMNS:  # its header, rows and title counted as dropped; the next panel is read
+                self._too_wide, self._headers = True, []
+                self.dropped["panel_too_wide"] += self._lines + 1
+                return
             self._headers = [""] * self._ncols
+            self._max_rows = min(MAX_ROWS, MAX_CELLS // self._ncols)
         elif head == "┃":
             for i, piece in enumerate(self._split(inner, "┃")):
                 self._headers[i] = (self._headers[i] + " " + piece).strip() if piece else self._headers[i]
         elif head == "│":
-            if len(self._rows) >= MAX_ROWS:
+            if len(self._rows) >= self._max_rows:
                 self.dropped["panel_rows_over_cap"] += 1
                 return
             if self._cells is None:
@@ -146,7 +165,7 @@ class PanelReader:
         return [p[1:].rstrip() if p.startswith(" ") else p.rstrip() for p in parts[1:-1]]
 
     def _close_row(self) -> None:
-        if self._cells is not None and len(self._rows) < MAX_ROWS:
+        if self._cells is not None and len(self._rows) < self._max_rows:
             self._rows.append(self._cells)
         self._cells = None
 

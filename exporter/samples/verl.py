@@ -22,10 +22,12 @@ _LINE = re.compile(r"^(\([\w.-]++ pid=\d++[^)]*+\) ?)?\[(\w{1,64})\] ?(.*)$", re
 _PREFIX = re.compile(r"^\([\w.-]++ pid=\d++[^)]*+\) ?")
 MAX_SAMPLES = 1024  # samples kept of one step
 MAX_TEXT = 4000  # characters kept of one prompt or response
+MAX_STEP_TEXT = 1 << 21  # characters kept of one step's samples (as a TRL panel's): past it, samples are left out
+MAX_SCORES = 32  # `[key] value` scores kept of one sample
 _TEXT_FIELDS = ("prompt", "response", "ground_truth")
 # what the verl reader leaves out, by reason: the lines of samples no step line closed; samples past MAX_SAMPLES or
-# without a response (one each)
-DROP_REASONS = ("samples_without_step", "samples_over_cap", "sample_without_response")
+# MAX_STEP_TEXT, or without a response (one each); score lines of a sample past MAX_SCORES (lines)
+DROP_REASONS = ("samples_without_step", "samples_over_cap", "sample_without_response", "sample_scores_over_cap")
 
 
 class VerlSampleReader:
@@ -34,6 +36,7 @@ class VerlSampleReader:
         self._lines = 0  # lines of the samples kept since the last close
         self._sample_lines = 0  # lines of the sample being read
         self._done: list[Sample] = []
+        self._kept = 0  # characters of the samples in _done
         self._fields: dict[str, str] = {}
         self._scores: dict[str, float] = {}
         self._open: str | None = None  # the text field that unmarked lines continue
@@ -60,6 +63,9 @@ class VerlSampleReader:
         if key in _TEXT_FIELDS:
             self._fields[key] = value[:MAX_TEXT]
             self._open = key
+        elif key not in self._scores and len(self._scores) >= MAX_SCORES:
+            self.dropped["sample_scores_over_cap"] += 1
+            self._open = None
         else:
             try:
                 self._scores[key] = float(value)
@@ -84,9 +90,11 @@ class VerlSampleReader:
 
     def _finish(self) -> None:
         """The sample read so far is complete: kept, or counted once as dropped (a sample, not its lines)."""
-        if "response" in self._fields and len(self._done) < MAX_SAMPLES:
+        size = sum(map(len, self._fields.values()))
+        if "response" in self._fields and len(self._done) < MAX_SAMPLES and self._kept + size <= MAX_STEP_TEXT:
             self._done.append(Sample(self._fields.get("prompt", ""), self._fields["response"], dict(self._scores)))
             self._lines += self._sample_lines
+            self._kept += size
         elif "response" in self._fields:
             self.dropped["samples_over_cap"] += 1
         elif self._fields:
@@ -96,7 +104,7 @@ class VerlSampleReader:
     def close(self, step: int) -> SampleSet | None:
         """The samples read so far are step `step`'s (its metric line has come)."""
         self._finish()
-        done, self._done, self._lines = self._done, [], 0
+        done, self._done, self._lines, self._kept = self._done, [], 0, 0
         return SampleSet(step, "verl", tuple(done)) if done else None
 
     def finish(self) -> None:
@@ -104,4 +112,4 @@ class VerlSampleReader:
         self._finish()
         if self._done:
             self.dropped["samples_without_step"] += self._lines
-        self._done, self._lines = [], 0
+        self._done, self._lines, self._kept = [], 0, 0

@@ -5,19 +5,29 @@ tensorboard is installed and `report_to` includes it: one TFRecord per event, ea
 holding a step and a `Summary` of tagged scalars (`train/loss`, `train/kl`, `eval/loss`, ...). This module
 reads the TFRecord framing (length, masked CRC-32C of the length, payload, masked CRC-32C of the payload)
 and the few protobuf fields it needs, follows the files as they grow, and turns the scalars of one step into
-one record with the console's key names (`train/loss` -> `loss`, `eval/loss` -> `eval_loss`)."""
+one record with the console's key names (`train/loss` -> `loss`, `eval/loss` -> `eval_loss`).
+
+Bounded whatever the files hold: a poll reads at most CHUNK_BYTES of a file (more waiting: `behind`), a record over
+MAX_EVENT bytes (an image, a histogram: no scalar is that long) is skipped unread, and a step keeps at most
+MAX_TAGS scalars; both are counted in `dropped` (posttrain_exporter_lines_dropped_total)."""
 
 from __future__ import annotations
 
 import glob
 import os
 import struct
+from collections import Counter
 from dataclasses import dataclass, field
 
 from exporter.parsers.record import EVAL_PREFIXES, SUMMARY_KEYS, Record
 
 FMT = "tensorboard"
 MAX_RECORD = 64 << 20  # a TFRecord longer than this is corruption, not a scalar
+MAX_EVENT = 1 << 19  # a TFRecord longer than this is skipped unread (counted): an image or a histogram
+CHUNK_BYTES = 1 << 20  # read of one file per poll (more than MAX_EVENT, so that any event read fits in one)
+MAX_TAGS = 4096  # scalars kept of one step
+# what the reader leaves out, by reason: records over MAX_EVENT (records), scalars of a step past MAX_TAGS (scalars)
+DROP_REASONS = ("event_too_large", "event_tags_over_cap")
 _POLY = 0x82F63B78  # CRC-32C (Castagnoli), reflected
 
 
@@ -176,6 +186,8 @@ class TensorBoardReader:
     files: dict[str, _File] = field(default_factory=dict)
     up: bool = False
     grew: bool = False  # the last poll read new bytes
+    behind: bool = False  # the last poll left bytes unread (it read CHUNK_BYTES of a file): poll again at once
+    dropped: Counter = field(default_factory=Counter)  # what was left out, by reason (DROP_REASONS)
     _step: int | None = None
     _values: dict[str, float] = field(default_factory=dict)
 
@@ -198,6 +210,7 @@ class TensorBoardReader:
         paths = self._paths()
         self.up = bool(paths)
         before = sum(f.offset for f in self.files.values())
+        self.behind = False
         for p in paths:
             f = self.files.setdefault(p, _File(p))
             if not f.broken:
@@ -212,12 +225,14 @@ class TensorBoardReader:
     def _read(self, f: _File) -> list[Record]:
         try:
             with open(f.path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
                 fh.seek(f.offset)
-                data = fh.read()
+                data = fh.read(CHUNK_BYTES)
         except OSError:
             self._error("read_error")
             return []
         out, pos = [], 0
+        self.behind = self.behind or f.offset + len(data) < size
         while pos + 12 <= len(data):
             header = data[pos:pos + 8]
             (length,) = struct.unpack("<Q", header)
@@ -227,8 +242,14 @@ class TensorBoardReader:
                 f.broken = True
                 break
             end = pos + 12 + length + 4
+            if length > MAX_EVENT:
+                if f.offset + end > size:
+                    break  # not written whole yet
+                self.dropped["event_too_large"] += 1  # skipped unread
+                pos = end
+                continue
             if end > len(data):
-                break  # the rest of this record is not written yet
+                break  # the rest of this record is not written yet (or not read yet: the next poll reads it)
             payload = data[pos + 12:pos + 12 + length]
             (crc,) = struct.unpack("<I", data[end - 4:end])
             pos = end
@@ -246,7 +267,11 @@ class TensorBoardReader:
                 out += self._flush()
             self._step = step
             for tag, value in scalars:
-                self._values[console_key(tag)] = value
+                key = console_key(tag)
+                if len(self._values) < MAX_TAGS or key in self._values:
+                    self._values[key] = value
+                else:
+                    self.dropped["event_tags_over_cap"] += 1
         f.offset += pos
         return out
 

@@ -19,6 +19,10 @@ class TensorBoardInput(RunInput):
         super().__init__(spec, run, stats, TensorBoardReader(spec.path))
         self._records: list[Record] = []
 
+    @property
+    def catching_up(self) -> bool:
+        return self.reader.behind  # event files are read in bounded pieces
+
     def read(self, timeout: float = 0.0) -> None:
         self._records += self.reader.poll()
         if not self.reader.grew:
@@ -37,4 +41,6 @@ class TensorBoardInput(RunInput):
             self.stats.error(self.run.name, TB_FORMAT, reason, n, "%s: event records skipped (%s)", self.spec.path,
                              reason)
         self.reader.errors.clear()
+        self.stats.lines_dropped.update(self.reader.dropped)
+        self.reader.dropped.clear()
         self._hand_over(TB_FORMAT, records)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from exporter.config import LogSpec
 from exporter.parsers.checkpoints import CheckpointEvent
-from exporter.parsers.record import ParseError, Record
+from exporter.parsers.record import Record
 from exporter.pipeline import IngestStats
 from exporter.runstate import RunState
 from exporter.sources.inputs.records import RunInput
@@ -15,19 +15,18 @@ class TrainerStateInput(RunInput):
     def __init__(self, spec: LogSpec, run: RunState, stats: IngestStats) -> None:
         super().__init__(spec, run, stats, TrainerStateReader(spec.path))
         self._records: list[Record] = []
-        self._failed: list[str] = []  # a whole read that failed, by reason
+
+    @property
+    def catching_up(self) -> bool:
+        return self.reader.behind  # a huge history is read a piece per poll
 
     def read(self, timeout: float = 0.0) -> None:
-        try:
-            self._records += self.reader.poll()
-        except ParseError as e:
-            self._failed.append(e.reason)
+        self._records += self.reader.poll()
 
     def ingest(self) -> bool:
         records, self._records = self._records, []
-        for reason in self._failed:
-            self._error(reason, 1)
-        self._failed.clear()
+        self.stats.lines_dropped.update(self.reader.dropped)
+        self.reader.dropped.clear()
         for reason, n in self.reader.entry_errors.items():
             self._error(reason, n)
         self.reader.entry_errors.clear()
