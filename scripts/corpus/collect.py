@@ -149,27 +149,43 @@ RUN_META: dict[str, dict] = {
     },
     "grpo_peak_decline": {
         "intent": [], "judgment_intent": ["reward_peak_decline"],
-        "notes": "TODO",
+        "notes": "Format + closeness rewards, beta=0.1, entropy_coef=0.1, unshuffled prompts that get harder from step "
+                 "150 (operands up to 99 instead of 9): the reward rises from ~1.55 to ~1.65 and falls to ~1.0 once "
+                 "the prompts change, for good; KL stays below 0.41 (95% of steps below 0.28), no pathology rule "
+                 "fires. Checkpoints every 50 steps, 2 kept (log_level=info: the log has the trainer's 'Saving "
+                 "model checkpoint' lines).",
     },
     "grpo_kl_rise_reward_flat": {
-        "intent": [], "judgment_intent": ["kl_rise_reward_flat"],
-        "notes": "TODO",
+        "intent": [], "judgment_intent": ["kl_rise_reward_flat", "reward_no_trend"],
+        "notes": "The format reward (already written ~95% of the time) plus a reward of pure noise, beta=0.001, lr "
+                 "5e-4, logging every 5 steps for 400 steps: the reward stays at ~1.47 while the noise's advantages "
+                 "walk the policy away from its reference, KL ~0.04 -> 0.3-0.5 from step ~150; the flat reward is also "
+                 "no trend.",
     },
     "grpo_lr_step": {
         "intent": [], "judgment_intent": ["loss_discontinuity"],
-        "notes": "TODO",
+        "notes": "Format + closeness rewards, no KL term, two updates per generation batch (num_iterations=2: the "
+                 "second one's loss is its gain, which scales with the step size), logging every 5 steps: the learning "
+                 "rate steps from 5e-5 to 5e-4 at step 300 (a callback in the scheduler) and the loss level goes up "
+                 "~4x; the rule dates it at step 265, the first point whose 20-point window reaches over the step.",
     },
     "grpo_no_trend": {
         "intent": [], "judgment_intent": ["reward_no_trend"],
-        "notes": "TODO",
+        "notes": "A reward of pure noise (uniform in [0, 1), independent of the completion), beta=0.2, lr 1e-4, "
+                 "entropy_coef=0.05: the mean reward stays at ~0.5 with no trend, KL below 0.05, completions "
+                 "unchanged.",
     },
     "grpo_healthy_rising": {
         "intent": [], "judgment_intent": [],
-        "notes": "TODO",
+        "notes": "Healthy run on a two-phase schedule (lr 2e-5, then 2e-4 from step 300), loss_type=grpo, beta=0.1, "
+                 "logging every 5 steps for 600 steps: the reward climbs from ~1.47 to ~1.71 and is still rising at "
+                 "the end; the loss (beta x KL) changes smoothly at the learning-rate step.",
     },
     "grpo_healthy_converged": {
         "intent": [], "judgment_intent": ["reward_plateau"],
-        "notes": "TODO",
+        "notes": "Healthy run with loss_type=grpo, scale_rewards=none, entropy_coef=0.05, lr 5e-4: the reward rises "
+                 "from ~1.52 to ~1.6 in the first ~30 steps and stays there (converged); KL mostly below 0.4. "
+                 "Checkpoints every 50 steps, 2 kept (log_level=info).",
     },
     "dpo_saturated": {
         "intent": ["dpo_saturation"],
@@ -215,13 +231,13 @@ def run_config(name: str) -> dict:
         args, rewards, (data_seed, max_operand) = train.run_config(name)
         cfg = {k: args.get(k, DEFAULTS.get(k)) for k in GRPO_KEYS if k in args or k in DEFAULTS}
         cfg["reward_functions"] = rewards
-        if "lr_step" in train.RUNS[name]:
-            step, factor = train.RUNS[name]["lr_step"]
-            cfg["lr_step"] = {"step": step, "factor": factor}
+        cfg["data"] = {"prompts": f"'What is a plus b?' with a, b in 0..{max_operand}", "data_seed": data_seed}
         if "data_shift" in train.RUNS[name]:
             step, operand = train.RUNS[name]["data_shift"]
             cfg["data"]["from_step"] = {"step": step, "prompts": f"a, b in 0..{operand}", "shuffled": False}
-        cfg["data"] = {"prompts": f"'What is a plus b?' with a, b in 0..{max_operand}", "data_seed": data_seed}
+        if "lr_step" in train.RUNS[name]:
+            step, factor = train.RUNS[name]["lr_step"]
+            cfg["lr_step"] = {"step": step, "factor": factor}
         return cfg
     train = importlib.import_module("train_dpo")
     args, (pairs, data_seed, max_operand, n) = train.run_config(name)

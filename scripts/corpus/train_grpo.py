@@ -207,23 +207,23 @@ RUNS: dict[str, dict] = {
     },
     "grpo_kl_rise_reward_flat": {  # the format is already written 95% of the time; the noise keeps groups apart
         "rewards": ["format_reward", "noise_reward"], "data": (10, 9),
-        "args": {"beta": 0.001, "learning_rate": 3e-4, "lr_scheduler_type": "constant", "loss_type": "grpo",
-                 "seed": 92},
+        "args": {"beta": 0.001, "learning_rate": 5e-4, "lr_scheduler_type": "constant", "logging_steps": 5,
+                 "max_steps": 400, "seed": 92},
     },
-    "grpo_lr_step": {
-        "rewards": ["format_reward", "closeness_reward"], "data": (10, 9), "lr_step": (150, 10.0),
-        "args": {"beta": 0.2, "learning_rate": 3e-5, "lr_scheduler_type": "constant", "loss_type": "grpo",
-                 "seed": 93},
+    "grpo_lr_step": {  # two updates per batch, no KL term: the second update's loss moves with the learning rate
+        "rewards": ["format_reward", "closeness_reward"], "data": (10, 9), "lr_step": (300, 10.0),
+        "args": {"beta": 0.0, "learning_rate": 5e-5, "lr_scheduler_type": "constant", "loss_type": "grpo",
+                 "num_iterations": 2, "logging_steps": 5, "max_steps": 450, "seed": 98},
     },
     "grpo_no_trend": {
         "rewards": ["noise_reward"], "data": (10, 9),
         "args": {"beta": 0.2, "learning_rate": 1e-4, "lr_scheduler_type": "constant", "entropy_coef": 0.05,
                  "seed": 94},
     },
-    "grpo_healthy_rising": {
-        "rewards": ["format_reward", "closeness_reward"], "data": (10, 9),
-        "args": {"beta": 0.04, "learning_rate": 1e-4, "lr_scheduler_type": "constant", "num_generations": 8,
-                 "loss_type": "grpo", "seed": 95},
+    "grpo_healthy_rising": {  # a two-phase schedule: 2e-5, then 2e-4 from step 300
+        "rewards": ["format_reward", "closeness_reward"], "data": (10, 9), "lr_step": (300, 10.0),
+        "args": {"beta": 0.1, "learning_rate": 2e-5, "lr_scheduler_type": "constant", "loss_type": "grpo",
+                 "logging_steps": 5, "max_steps": 600, "seed": 93},
     },
     "grpo_healthy_converged": {
         "rewards": ["format_reward", "closeness_reward"], "data": (10, 9),
