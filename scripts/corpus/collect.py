@@ -1,7 +1,10 @@
 """Copy the corpus runs from a make_corpus.sh work folder into tests/fixtures/corpus/, write each run.json, check
-every run against its intent with the labelling rules (tests/support/labels.py), and write the README's run table.
+every run against its intent with the labelling rules (tests/support/labels.py, and for the runs made for a
+judgment pattern tests/support/judgment_labels.py), and write the README's run table.
 
 usage: python collect.py WORK_DIR DEST_DIR [RUN ...]   (default: every run in RUN_META)
+       python collect.py --relabel DEST_DIR [RUN ...]  (recompute the labels of runs already in DEST_DIR from their
+                                                        trainer_state.json, without a work folder)
 Exits 1 when a run's onsets do not match its intent (the files are still written, to look at).
 """
 
@@ -19,12 +22,17 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(HERE))
 labels = importlib.import_module("support.labels")
+judgment_labels = importlib.import_module("support.judgment_labels")
 sample_labels = importlib.import_module("support.sample_labels")
 
 MIN_ONSET = 30  # a run starts normally (a run whose meta says "from_start": its collapse is its start)
 MIN_AFTER = 40  # logged steps after the onset (a run's "min_after": fewer, still above the detection bound of 20)
+MIN_JUDGMENT_ONSET = 20  # a judgment label of a run made for one: not dated in the run's first 20 logged steps ...
+FROM_START = frozenset({"reward_no_trend"})  # ... except the one dated at the first step by its rule
 
 # intent: the pathologies the run shows by the labelling rules (the one it was made for first); notes: what happens.
+# judgment_intent: the judgment labels (judgment_labels.py) a run made after those rules shows, the one it was made
+# for first; runs made before them have none and their judgment labels are recorded, not checked.
 RUN_META: dict[str, dict] = {
     "grpo_kl_blowup": {
         "intent": ["kl_blowup", "entropy_collapse", "reward_std_collapse", "length_collapse"],
@@ -139,6 +147,46 @@ RUN_META: dict[str, dict] = {
         "notes": "Healthy run like grpo_healthy (another seed), logging every 10 steps for 500 steps: 50 logged "
                  "points, each an average over 10 steps; length steady at ~7.5 tokens, entropy 0.44 -> 0.29.",
     },
+    "grpo_peak_decline": {
+        "intent": [], "judgment_intent": ["reward_peak_decline"],
+        "notes": "Format + closeness rewards, beta=0.1, entropy_coef=0.1, unshuffled prompts that get harder from step "
+                 "150 (operands up to 99 instead of 9): the reward rises from ~1.55 to ~1.65 and falls to ~1.0 once "
+                 "the prompts change, for good; KL stays below 0.41 (95% of steps below 0.28), no pathology rule "
+                 "fires. Checkpoints every 50 steps, 2 kept (log_level=info: the log has the trainer's 'Saving "
+                 "model checkpoint' lines).",
+    },
+    "grpo_kl_rise_reward_flat": {
+        "intent": [], "judgment_intent": ["kl_rise_reward_flat", "reward_no_trend"],
+        "notes": "The format reward (already written ~95% of the time) plus a reward of pure noise, beta=0.001, lr "
+                 "5e-4, logging every 5 steps for 400 steps: the reward stays at ~1.47 while the noise's advantages "
+                 "walk the policy away from its reference, KL ~0.04 -> 0.3-0.5 from step ~150; the flat reward is also "
+                 "no trend.",
+    },
+    "grpo_lr_step": {
+        "intent": [], "judgment_intent": ["loss_discontinuity"],
+        "notes": "Format + closeness rewards, no KL term, two updates per generation batch (num_iterations=2: the "
+                 "second one's loss is its gain, which scales with the step size), logging every 5 steps: the learning "
+                 "rate steps from 5e-5 to 5e-4 at step 300 (a callback in the scheduler) and the loss level goes up "
+                 "~4x; the rule dates it at step 265, the first point whose 20-point window reaches over the step.",
+    },
+    "grpo_no_trend": {
+        "intent": [], "judgment_intent": ["reward_no_trend"],
+        "notes": "A reward of pure noise (uniform in [0, 1), independent of the completion), beta=0.2, lr 1e-4, "
+                 "entropy_coef=0.05: the mean reward stays at ~0.5 with no trend, KL below 0.05, completions "
+                 "unchanged.",
+    },
+    "grpo_healthy_rising": {
+        "intent": [], "judgment_intent": [],
+        "notes": "Healthy run on a two-phase schedule (lr 2e-5, then 2e-4 from step 300), loss_type=grpo, beta=0.1, "
+                 "logging every 5 steps for 600 steps: the reward climbs from ~1.47 to ~1.71 and is still rising at "
+                 "the end; the loss (beta x KL) changes smoothly at the learning-rate step.",
+    },
+    "grpo_healthy_converged": {
+        "intent": [], "judgment_intent": ["reward_plateau"],
+        "notes": "Healthy run with loss_type=grpo, scale_rewards=none, entropy_coef=0.05, lr 5e-4: the reward rises "
+                 "from ~1.52 to ~1.6 in the first ~30 steps and stays there (converged); KL mostly below 0.4. "
+                 "Checkpoints every 50 steps, 2 kept (log_level=info).",
+    },
     "dpo_saturated": {
         "intent": ["dpo_saturation"],
         "notes": "Easy pairs only (rejected answers always off-format), 200 pairs for 600 steps (24 epochs), lr "
@@ -170,7 +218,8 @@ RUN_META: dict[str, dict] = {
 
 GRPO_KEYS = ("learning_rate", "beta", "seed", "max_steps", "logging_steps", "num_generations", "num_iterations",
              "max_completion_length", "per_device_train_batch_size", "temperature", "warmup_steps",
-             "lr_scheduler_type", "save_steps")
+             "lr_scheduler_type", "save_steps", "save_total_limit", "loss_type", "scale_rewards", "entropy_coef",
+             "shuffle_dataset", "log_level")
 DPO_KEYS = ("learning_rate", "beta", "seed", "max_steps", "logging_steps", "per_device_train_batch_size",
             "warmup_steps", "lr_scheduler_type", "max_length")
 DEFAULTS = {"num_iterations": 1, "warmup_steps": 0, "lr_scheduler_type": "linear"}
@@ -183,6 +232,12 @@ def run_config(name: str) -> dict:
         cfg = {k: args.get(k, DEFAULTS.get(k)) for k in GRPO_KEYS if k in args or k in DEFAULTS}
         cfg["reward_functions"] = rewards
         cfg["data"] = {"prompts": f"'What is a plus b?' with a, b in 0..{max_operand}", "data_seed": data_seed}
+        if "data_shift" in train.RUNS[name]:
+            step, operand = train.RUNS[name]["data_shift"]
+            cfg["data"]["from_step"] = {"step": step, "prompts": f"a, b in 0..{operand}", "shuffled": False}
+        if "lr_step" in train.RUNS[name]:
+            step, factor = train.RUNS[name]["lr_step"]
+            cfg["lr_step"] = {"step": step, "factor": factor}
         return cfg
     train = importlib.import_module("train_dpo")
     args, (pairs, data_seed, max_operand, n) = train.run_config(name)
@@ -205,6 +260,25 @@ def check(name: str, found: dict[str, int], records: list[dict], intent: list[st
     return [f"{name}: {p}" for p in problems]
 
 
+def check_judgment(name: str, found: dict[str, int], intent: list[str]) -> list[str]:
+    """A run made for a judgment pattern: the labels it was made for, none other, none dated in its first 20 steps
+    (but the one whose rule dates it at the first step)."""
+    problems = []
+    if set(found) != set(intent):
+        problems.append(f"judgment onsets {found} != judgment intent {intent}")
+    for label, step in found.items():
+        if label not in FROM_START and step < MIN_JUDGMENT_ONSET:
+            problems.append(f"{label} onset {step} (before logged step {MIN_JUDGMENT_ONSET})")
+    return [f"{name}: {p}" for p in problems]
+
+
+def judged(run: dict, records: list[dict]) -> dict:
+    """run.json's judgment fields: the judgment labels and the recommendation of every label the run has."""
+    found = judgment_labels.judgment_onsets(records)
+    every = {**run["onsets"], **run.get("sample_onsets", {}), **found}
+    return {"judgment_onsets": found, "recommendation": judgment_labels.recommendation(every)}
+
+
 def check_log(name: str, log: str) -> list[str]:
     problems = []
     if not re.search(r"\{'loss': '[^']*', ", log):
@@ -225,7 +299,29 @@ def redacted(text: str, work: Path) -> str:
     return re.sub(r"/[^\s'\"$]*/\.venv/", "$WORK/venv/", text)
 
 
+def relabel(dest: Path, names: list[str]) -> int:
+    """Recompute every label of runs already collected (their trainer_state.json and sample_onsets) in run.json."""
+    problems: list[str] = []
+    for name in names:
+        path = dest / name / "run.json"
+        run = json.loads(path.read_text())
+        records = labels.load_records(dest / name / "trainer_state.json")
+        run["onsets"] = labels.onsets(records)
+        run.update(judged(run, records))
+        path.write_text(json.dumps(run, indent=2) + "\n")
+        if "judgment_intent" in RUN_META[name]:
+            problems += check_judgment(name, run["judgment_onsets"], RUN_META[name]["judgment_intent"])
+        print(f"{name:28s} onsets={run['onsets']} judgment={run['judgment_onsets']} -> {run['recommendation']}")
+    write_table(dest)
+    for p in problems:
+        print("PROBLEM:", p)
+    return 1 if problems else 0
+
+
 def main() -> int:
+    if sys.argv[1] == "--relabel":
+        dest = Path(sys.argv[2])
+        return relabel(dest, sys.argv[3:] or [n for n in RUN_META if (dest / n / "run.json").exists()])
     work, dest = Path(sys.argv[1]), Path(sys.argv[2])
     names = sys.argv[3:] or list(RUN_META)
     problems: list[str] = []
@@ -250,16 +346,26 @@ def main() -> int:
             "logged_steps": len({int(e["step"]) for e in records}),
             "wall_seconds": int((src / "seconds.txt").read_text()),
         }
+        if "judgment_intent" in meta:
+            run["judgment_intent"] = meta["judgment_intent"]
+        checkpoints = sorted((p.name for p in (src / "out").glob("checkpoint-*") if p.is_dir()),
+                             key=lambda n: int(n.rpartition("-")[2]))
+        if checkpoints:
+            run["checkpoints_on_disk"] = checkpoints  # the folders the run left (not kept here: no weights)
         if (src / "out" / "completions").is_dir():
             run["sample_intent"] = meta.get("sample_intent", [])
             run["sample_onsets"] = sample_onsets(src / "out" / "completions", out)
             if set(run["sample_onsets"]) != set(meta.get("sample_intent", [])):
                 problems.append(f"{name}: sample onsets {run['sample_onsets']} != {meta.get('sample_intent', [])}")
+        run.update(judged(run, records))
         (out / "run.json").write_text(json.dumps(run, indent=2) + "\n")
         problems += check(name, found, records, meta["intent"], 0 if meta.get("from_start") else MIN_ONSET,
                           meta.get("min_after", MIN_AFTER))
+        if "judgment_intent" in meta:
+            problems += check_judgment(name, run["judgment_onsets"], meta["judgment_intent"])
         problems += check_log(name, (out / "combined.log").read_text(errors="replace"))
-        print(f"{name:28s} onsets={found} steps={run['logged_steps']} {run['wall_seconds']}s")
+        print(f"{name:28s} onsets={found} judgment={run['judgment_onsets']} -> {run['recommendation']} "
+              f"steps={run['logged_steps']} {run['wall_seconds']}s")
     write_table(dest)
     for p in problems:
         print("PROBLEM:", p)
@@ -291,8 +397,9 @@ def write_table(dest: Path) -> None:
     readme = dest / "README.md"
     if not readme.exists():
         return
-    rows = ["| run | trainer | intent | onsets (logged step) | logged steps | wall s | what happens |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ["| run | trainer | intent | onsets (logged step) | judgment labels (logged step) | recommendation "
+            "| logged steps | wall s | what happens |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name in RUN_META:
         path = dest / name / "run.json"
         if not path.exists():
@@ -301,8 +408,11 @@ def write_table(dest: Path) -> None:
         found = {**r["onsets"], **r.get("sample_onsets", {})}
         onsets = ", ".join(f"{k} {v}" for k, v in sorted(found.items(), key=lambda kv: kv[1])) or "none"
         intent = ", ".join(r["intent"] + RUN_META[name].get("sample_intent", [])) or "healthy"
-        rows.append(f"| {name} | {r['trainer']} | {intent} | {onsets} | {r['logged_steps']} | {r['wall_seconds']} "
-                    f"| {r['notes']} |")
+        if RUN_META[name].get("judgment_intent"):
+            intent += " (judgment: " + ", ".join(RUN_META[name]["judgment_intent"]) + ")"
+        judgment = ", ".join(f"{k} {v}" for k, v in sorted(r["judgment_onsets"].items(), key=lambda kv: kv[1]))
+        rows.append(f"| {name} | {r['trainer']} | {intent} | {onsets} | {judgment or 'none'} | {r['recommendation']} "
+                    f"| {r['logged_steps']} | {r['wall_seconds']} | {r['notes']} |")
     text = readme.read_text()
     text = re.sub(r"(<!-- runs:begin -->\n).*?(<!-- runs:end -->)", lambda m: m.group(1) + "\n".join(rows) + "\n"
                   + m.group(2), text, flags=re.S)

@@ -20,7 +20,9 @@ GRPO_RUNS=(grpo_kl_blowup grpo_kl_blowup_2 grpo_reward_std_collapse grpo_reward_
            grpo_length_hacking grpo_length_hacking_2 grpo_entropy_collapse grpo_entropy_collapse_2
            grpo_healthy grpo_healthy_resumed grpo_healthy_logging5 grpo_healthy_2 grpo_healthy_noisy_kl
            grpo_samples_healthy grpo_template_collapse grpo_brevity_collapse
-           grpo_dead_signal grpo_length_collapse grpo_healthy_logging10)
+           grpo_dead_signal grpo_length_collapse grpo_healthy_logging10
+           grpo_peak_decline grpo_kl_rise_reward_flat grpo_lr_step grpo_no_trend grpo_healthy_rising
+           grpo_healthy_converged)
 DPO_RUNS=(dpo_displacement dpo_displacement_2 dpo_healthy dpo_healthy_2 dpo_saturated)
 RESUME_KILL_STEP=130  # grpo_healthy_resumed: SIGKILLed after this step (checkpoint at 100), then resumed
 

@@ -96,13 +96,23 @@ def two_digit_reward(completions, **kwargs):
     return out
 
 
+NOISE = random.Random(0)  # reseeded with the run's seed in main(): the same draws on every rerun
+
+
+def noise_reward(completions, **kwargs):
+    """Pure noise: a uniform draw in [0, 1) per completion, whatever it says (a reward with nothing to learn)."""
+    return [NOISE.random() for _ in completions]
+
+
 REWARDS = {f.__name__: f for f in (format_reward, correctness_reward, closeness_reward, short_length_reward,
                                    long_length_reward, brevity_reward, seven_reward, ten_reward, two_digit_reward,
-                                   over_hundred_reward)}
+                                   over_hundred_reward, noise_reward)}
 
 # --- the corpus runs ---
 # "rewards": reward functions above; "data": (random seed of the prompts, largest operand);
-# "args": GRPOConfig fields on top of COMMON.
+# "args": GRPOConfig fields on top of COMMON; "lr_step": (step, factor): the learning rate is multiplied by factor
+# from that optimizer step on (LRStep); "data_shift": (step, operand): unshuffled prompts whose operands go up to
+# `operand` from that step on (the data getting harder mid-run).
 COMMON = {
     "per_device_train_batch_size": 16,
     "num_generations": 4,
@@ -188,6 +198,39 @@ RUNS: dict[str, dict] = {
         "rewards": ["format_reward", "closeness_reward"], "data": (10, 9),
         "args": {"beta": 0.04, "learning_rate": 5e-4, "temperature": 1.4, "seed": 72},
     },
+    # --- judgment runs (tests/support/judgment_labels.py): a whole-run pattern, not a pathology of one metric ---
+    "grpo_peak_decline": {  # the prompts get harder (operands up to 99) from step 150 on: the reward falls
+        "rewards": ["format_reward", "closeness_reward"], "data": (10, 9), "data_shift": (150, 99),
+        "args": {"beta": 0.1, "learning_rate": 5e-4, "warmup_steps": 20, "entropy_coef": 0.1,
+                 "shuffle_dataset": False, "seed": 91, "save_strategy": "steps", "save_steps": 50,
+                 "save_total_limit": 2, "log_level": "info"},
+    },
+    "grpo_kl_rise_reward_flat": {  # the format is already written 95% of the time; the noise keeps groups apart
+        "rewards": ["format_reward", "noise_reward"], "data": (10, 9),
+        "args": {"beta": 0.001, "learning_rate": 5e-4, "lr_scheduler_type": "constant", "logging_steps": 5,
+                 "max_steps": 400, "seed": 92},
+    },
+    "grpo_lr_step": {  # two updates per batch, no KL term: the second update's loss moves with the learning rate
+        "rewards": ["format_reward", "closeness_reward"], "data": (10, 9), "lr_step": (300, 10.0),
+        "args": {"beta": 0.0, "learning_rate": 5e-5, "lr_scheduler_type": "constant", "loss_type": "grpo",
+                 "num_iterations": 2, "logging_steps": 5, "max_steps": 450, "seed": 98},
+    },
+    "grpo_no_trend": {
+        "rewards": ["noise_reward"], "data": (10, 9),
+        "args": {"beta": 0.2, "learning_rate": 1e-4, "lr_scheduler_type": "constant", "entropy_coef": 0.05,
+                 "seed": 94},
+    },
+    "grpo_healthy_rising": {  # a two-phase schedule: 2e-5, then 2e-4 from step 300
+        "rewards": ["format_reward", "closeness_reward"], "data": (10, 9), "lr_step": (300, 10.0),
+        "args": {"beta": 0.1, "learning_rate": 2e-5, "lr_scheduler_type": "constant", "loss_type": "grpo",
+                 "logging_steps": 5, "max_steps": 600, "seed": 93},
+    },
+    "grpo_healthy_converged": {
+        "rewards": ["format_reward", "closeness_reward"], "data": (10, 9),
+        "args": {"beta": 0.04, "learning_rate": 5e-4, "warmup_steps": 20, "loss_type": "grpo",
+                 "scale_rewards": "none", "entropy_coef": 0.05, "seed": 96, "save_strategy": "steps",
+                 "save_steps": 50, "save_total_limit": 2, "log_level": "info"},
+    },
     # --- runs that print their completions (rich panels, completions/*.parquet): the samples corpus ---
     "grpo_samples_healthy": {
         "rewards": ["format_reward", "closeness_reward"], "data": (10, 9),
@@ -207,14 +250,29 @@ RUNS: dict[str, dict] = {
 }
 
 
-def build_dataset(data_seed: int, max_operand: int, n: int = 2000) -> Dataset:
+def build_dataset(data_seed: int, max_operand: int, n: int = 2000, shift: tuple[int, int] | None = None) -> Dataset:
+    """shift (index, larger_operand): the prompts from that index on have operands up to larger_operand."""
     rnd = random.Random(data_seed)
     prompts, answers = [], []
-    for _ in range(n):
-        a, b = rnd.randint(0, max_operand), rnd.randint(0, max_operand)
+    for i in range(n):
+        top = shift[1] if shift and i >= shift[0] else max_operand
+        a, b = rnd.randint(0, top), rnd.randint(0, top)
         prompts.append(f"What is {a} plus {b}?")
         answers.append(str(a + b))
     return Dataset.from_dict({"prompt": prompts, "answer": answers})
+
+
+class LRStep(TrainerCallback):
+    """Multiplies the scheduler's learning rate by `factor` from optimizer step `step` on (a config changed mid-run).
+    Done in the scheduler's own lambdas: the scheduler does not undo it and the logged learning_rate shows it."""
+
+    def __init__(self, step: int, factor: float) -> None:
+        self.step, self.factor = step, factor
+
+    def on_train_begin(self, args, state, control, lr_scheduler=None, **kwargs):
+        lambdas = lr_scheduler.lr_lambdas
+        for i, base in enumerate(lambdas):
+            lambdas[i] = lambda n, base=base: base(n) * (self.factor if n >= self.step else 1.0)
 
 
 class DieAfterStep(TrainerCallback):
@@ -235,6 +293,21 @@ def parse_value(text: str):
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+def callbacks(run: str, die_after_step: int | None) -> list[TrainerCallback]:
+    out: list[TrainerCallback] = [DieAfterStep(die_after_step)] if die_after_step else []
+    if "lr_step" in RUNS[run]:
+        out.append(LRStep(*RUNS[run]["lr_step"]))
+    return out
+
+
+def data_shift(run: str, args: dict) -> tuple[int, int] | None:
+    """The prompt index (prompts are unshuffled) at which a run's data_shift begins, and its larger operand."""
+    if "data_shift" not in RUNS[run]:
+        return None
+    step, operand = RUNS[run]["data_shift"]
+    return step * args["per_device_train_batch_size"] // args["num_generations"], operand
 
 
 def run_config(run: str, overrides: list[str] | None = None) -> tuple[dict, list[str], tuple[int, int]]:
@@ -258,15 +331,16 @@ def main() -> None:
 
     args, rewards, (data_seed, max_operand) = run_config(a.run, a.overrides)
     print("run config:", json.dumps({"run": a.run, "rewards": rewards, "data": [data_seed, max_operand], **args}))
+    NOISE.seed(args.get("seed", 42))
     tokenizer = AutoTokenizer.from_pretrained(a.model)
     model = AutoModelForCausalLM.from_pretrained(a.model)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[REWARDS[r] for r in rewards],
         args=GRPOConfig(output_dir=a.out, **args),
-        train_dataset=build_dataset(data_seed, max_operand),
+        train_dataset=build_dataset(data_seed, max_operand, shift=data_shift(a.run, args)),
         processing_class=tokenizer,
-        callbacks=[DieAfterStep(a.die_after_step)] if a.die_after_step else None,
+        callbacks=callbacks(a.run, a.die_after_step) or None,
     )
     trainer.train(resume_from_checkpoint=True if a.resume else None)
     trainer.save_state()

@@ -68,10 +68,18 @@ def _run(name: str, source: str, folder: Path, intent: tuple[str, ...] | None,
     return LabelledRun(name, source, log, state, {**onsets(load_records(state)), **(sample_onsets or {})}, intent)
 
 
+# A run without pathology made for one of these judgment patterns (run.json's judgment_intent) is scored by the judgment
+# labels (support/judgment_labels.py), not by the detectors: they are neither required to find it nor to keep silent.
+# A converged reward (reward_plateau) is a healthy run's end, and stays in the detection corpus.
+JUDGMENT_ONLY = frozenset({"reward_peak_decline", "kl_rise_reward_flat", "loss_discontinuity", "reward_no_trend"})
+
+
 def labelled_runs() -> list[LabelledRun]:
     runs = []
     for folder in sorted(p for p in CORPUS.iterdir() if (p / "run.json").exists()) if CORPUS.is_dir() else []:
         meta = json.loads((folder / "run.json").read_text())
+        if not meta["intent"] and JUDGMENT_ONLY & set(meta.get("judgment_intent", ())):
+            continue
         runs.append(_run(folder.name, "corpus", folder, (*meta["intent"], *meta.get("sample_intent", ())),
                          meta.get("sample_onsets")))
     runs += [_run(name, "fixture", TRL / name, None) for name in ("grpo", "grpo_saturated", "dpo", "sft")]
