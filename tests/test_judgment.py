@@ -89,9 +89,9 @@ def test_the_judgment_is_the_same_live_and_after_the_run(log: Path) -> None:
 
 # --- the checkpoint to keep is one on disk ---------------------------------------------------------------------
 
-def _with_saves(tmp_path: Path, saves: dict[int, bool], every: int = 1) -> Path:
+def _with_saves(tmp_path: Path, saves: dict[int, bool], every: int = 1, log: Path = DEMO) -> Path:
     """The demo log with HF Trainer's save lines (and deletions, False) printed after the record of each step."""
-    lines = DEMO.read_text(encoding="utf-8").split("\n")
+    lines = log.read_text(encoding="utf-8").split("\n")
     out, step = [], 0
     for line in lines:
         out.append(line)
@@ -114,6 +114,8 @@ def test_the_checkpoint_to_keep_is_the_saved_one_nearest_the_best_step(tmp_path:
     nearest = min(saves, key=lambda s: (abs(s - best), s))
     assert keep.best_step == best and keep.step == nearest and keep.path == f"/ckpt/out/checkpoint-{nearest}"
     assert keep.rotated_step is None and f"checkpoint-{nearest}" in keep.text()
+    # transformers 5 at its default log level says nothing of what save_total_limit deletes: the text says so
+    assert not keep.known and "check it is still on disk" in keep.text()
 
 
 def test_a_nearer_checkpoint_rotated_away_is_said(tmp_path: Path) -> None:
@@ -123,6 +125,17 @@ def test_a_nearer_checkpoint_rotated_away_is_said(tmp_path: Path) -> None:
     keep = _verdict(_with_saves(tmp_path, saves)).judgment.keep
     assert keep.step != nearest and keep.step in saves and keep.rotated_step == nearest
     assert "was deleted since (save_total_limit)" in keep.text()
+    assert keep.known and "check it is still on disk" not in keep.text()  # the trainer says what it deletes
+
+
+def test_a_run_to_stop_now_whose_saves_before_the_sign_were_all_deleted_says_so(tmp_path: Path) -> None:
+    """KL blows up at step ~46; the saves of steps 20 and 40 were rotated out by later ones: no checkpoint on disk
+    is worth keeping, and the text names the deleted one nearest the best step instead of a damaged one."""
+    log = REPO / "tests" / "fixtures" / "corpus" / "grpo_kl_blowup" / "combined.log"
+    j = _verdict(_with_saves(tmp_path, {20: False, 40: False, 60: True, 80: True}, log=log)).judgment
+    assert j.recommendation == "stop_now" and j.keep.before is not None and 40 < j.keep.before <= 60
+    assert j.keep.step is None and j.keep.rotated_step == 40
+    assert j.keep.text().startswith(f"nothing saved before step {j.keep.before} is left on disk: checkpoint-40")
 
 
 def test_a_run_to_stop_now_keeps_a_checkpoint_from_before_its_first_sign(tmp_path: Path) -> None:

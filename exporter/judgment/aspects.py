@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from exporter.judgment.course import Course, change_over
+from exporter.judgment.course import Course, rolling_median, window_of
 from exporter.judgment.loss import LossPattern
-from exporter.judgment.measure import MARGIN, REWARD, arrays
+from exporter.judgment.measure import arrays
 from exporter.judgment.signal import Component, TiedGroups, edge_levels
 from exporter.judgment.story import COURSE, NOTE, SIGN, STOP, STOP_NOW, Event, FindingLike
 from exporter.runstate import RunState, SeriesKey
@@ -92,21 +92,27 @@ def signal_text(tied: TiedGroups | None, components: list[Component]) -> str:
     return "; ".join(parts)
 
 
+REWARD_DIRECTION = {"rising": 1, "slowing": 1, "plateau": 0, "no_trend": 0, "peaked": -1, "falling": -1}
+
+
 def kl_relation(run: RunState, course: Course | None) -> str:
+    """What the KL did beside the progress measure, over the same stretch as the measure's course says: since its
+    plateau or peak, else the whole run. The measure's direction is the course's own, so the two sentences never
+    disagree; KL levels are rolling medians, so that one spike moves no level."""
     kl = arrays(run, KL)
-    if kl is None or len(kl[0]) < 20 or course is None or course.shape == "short":
+    if kl is None or len(kl[0]) < 20 or course is None or course.shape not in REWARD_DIRECTION:
         return ""
     steps, values = kl
-    third = max(5, len(values) // 3)
-    before, after, _ = change_over(values, third, robust=True)
+    w = window_of(len(values))
+    levels = rolling_median(values, w)
+    since = course.since_step if course.shape in ("plateau", "peaked") and course.since_step is not None else None
+    i = w - 1 if since is None else max(w - 1, int(np.searchsorted(steps, since)))
+    if i >= len(values) - 1:
+        return ""
+    before, after = float(levels[i]), float(levels[-1])
     rising = after >= KL_RISE_RATIO * before and after - before >= KL_RISE_MIN
     falling = before >= KL_RISE_RATIO * after and before - after >= KL_RISE_MIN
-    reward = arrays(run, REWARD) or arrays(run, MARGIN)
-    r_dir = 0
-    if reward is not None and len(reward[0]) >= 20:
-        r_before, r_after, r_se = change_over(reward[1], max(5, len(reward[1]) // 3))
-        r_dir = 1 if r_after - r_before > 3 * r_se else -1 if r_before - r_after > 3 * r_se else 0
-    since = int(steps[max(0, len(steps) - 1 - third)])
+    r_dir = REWARD_DIRECTION[course.shape]
     k = "rising" if rising else "falling" if falling else "stable"
     name = {("rising", 1): "changing and improving (healthy)",
             ("rising", 0): "drifting without gain: the run has run its course",
@@ -117,8 +123,12 @@ def kl_relation(run: RunState, course: Course | None) -> str:
             ("falling", 1): "the KL falls while the reward rises",
             ("falling", 0): "the KL falls, the reward is flat",
             ("falling", -1): "both fall"}[k, r_dir]
+    limit = run.settings.thresholds.kl_critical
+    if after >= limit and k != "falling":  # that far from its reference, the policy is lost
+        name = f"past the KL stop threshold of {fmt(limit)}: whatever the reward does, the policy left its reference"
+    stretch = f"since step {since}" if since is not None else "over the run"
     top = int(np.argmax(values))
-    return (f"since step {since}: KL {k} ({fmt(before)} -> {fmt(after)}), reward "
+    return (f"{stretch}: KL {k} ({fmt(before)} -> {fmt(after)}), reward "
             f"{'rising' if r_dir > 0 else 'falling' if r_dir < 0 else 'flat'}: {name}; KL highest {fmt(values[top])}"
             f" (smoothed over its bucket) at step {int(steps[top])}")
 

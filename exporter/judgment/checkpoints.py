@@ -29,12 +29,18 @@ class Keep:
     rotated_path: str | None
     before: int | None  # only checkpoints before this step (the first sign of trouble) are worth keeping
     saves_read: int  # saves the log reported
+    known: bool = True  # what is on disk is known (a listing, or deletions the trainer reports)
 
     @staticmethod
     def _name(path: str | None, step: int) -> str:
         return path.rstrip("/").rsplit("/", 1)[-1] if path else f"the checkpoint of step {step}"
 
     def text(self) -> str:
+        if self.step is None and self.rotated_step is not None:
+            return (f"nothing saved before step {self.before} is left on disk: "
+                    f"{self._name(self.rotated_path, self.rotated_step)}, the nearest to the best step "
+                    f"{self.best_step}, was deleted since (save_total_limit); restart from an earlier model with the "
+                    "cause fixed")
         if self.step is None:
             where = f"the checkpoint nearest step {self.best_step}, where the run was at its best"
             if self.saves_read:
@@ -46,12 +52,14 @@ class Keep:
         if self.rotated_step is not None:
             out += (f"; {self._name(self.rotated_path, self.rotated_step)}, nearer, was deleted since "
                     "(save_total_limit)")
+        if not self.known and self.saves_read > 1:
+            out += " (the log does not say which saves were deleted since: check it is still on disk)"
         return out
 
     def as_json(self) -> dict[str, Any]:
         return {"best_step": self.best_step, "checkpoint_step": self.step, "checkpoint_path": self.path,
                 "rotated_step": self.rotated_step, "rotated_path": self.rotated_path, "before_step": self.before,
-                "saves_read": self.saves_read}
+                "saves_read": self.saves_read, "on_disk_known": self.known}
 
 
 def best_step(course: Course | None, steps: np.ndarray | None, levels: np.ndarray | None, before: int | None,
@@ -88,4 +96,4 @@ def keep_of(run: RunState, course: Course | None, before: int | None) -> Keep:
     rotated = nearest if nearest is not None and nearest != pick and nearest in run.checkpoints.deleted and (
         pick is None or abs(nearest - best) < abs(pick - best)) else None
     return Keep(best, pick, saved.get(pick) if pick is not None else None, rotated,
-                saved.get(rotated) if rotated is not None else None, before, len(saved))
+                saved.get(rotated) if rotated is not None else None, before, len(saved), run.checkpoints.known)

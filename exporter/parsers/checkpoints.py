@@ -54,10 +54,17 @@ class SavedCheckpoints:
 
     saved: dict[int, str]
     deleted: set[int]
+    listed: bool = False  # the folder was listed (trainer_state.json's input): what is on disk is known
 
     @classmethod
     def empty(cls) -> SavedCheckpoints:
         return cls({}, set())
+
+    @property
+    def known(self) -> bool:
+        """Whether what is on disk is known: the folder was listed, or the trainer says what it deletes (HF
+        Trainer's own line; transformers 5 at its default log level says nothing of it)."""
+        return self.listed or bool(self.deleted)
 
     def take(self, event: CheckpointEvent) -> None:
         if event.deleted:

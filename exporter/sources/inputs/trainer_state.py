@@ -38,6 +38,7 @@ class TrainerStateInput(RunInput):
 
     def _on_disk(self, found: list[tuple[int, str]]) -> None:
         there = {step for step, _ in found}
+        self.run.checkpoints.listed = True
         for step, path in found:
             self.run.saved(CheckpointEvent(step, path, False))
         for step in [s for s in self.run.checkpoints.saved if s not in there]:
