@@ -375,7 +375,7 @@ def test_the_report_says_the_reward_function_is_failing(tmp_path) -> None:
     assert "the reward function is failing: 1 error, the last: ZeroDivisionError: division by zero" in said, said
     html = run_cli("report", "--output.format", "html", str(path)).stdout.decode()
     assert "The reward function is failing" in html and "ZeroDivisionError: division by zero" in html
-    dump = run_cli("dump", str(path)).stdout.decode()
+    dump = run_cli("dump", "--run", "train", str(path)).stdout.decode()
     assert 'posttrain_reward_function_errors_total{run="train"} 1.0' in dump
     assert 'posttrain_run_crashed{run="train"} 0.0' in dump
 
