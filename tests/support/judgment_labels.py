@@ -107,13 +107,17 @@ def _rise(s: Series) -> tuple[int, float] | None:
     return p, peak - first
 
 
-def peak_decline(steps: list[int], s: Series) -> int | None:
+def _clear_rise(s: Series) -> tuple[int, float] | None:
+    """The peak's index and the rise, where the rise stands above 4 se (both rules ask it first)."""
     found = _rise(s)
+    return found if found is not None and found[1] > 4 * s.se else None
+
+
+def peak_decline(steps: list[int], s: Series) -> int | None:
+    found = _clear_rise(s)
     if found is None:
         return None
     p, rise = found
-    if not rise > 4 * s.se:
-        return None
     d = max(0.3 * rise, 4 * s.se)
     held = [i > p and s.m[i] < s.m[p] - d for i in range(s.n)]
     i = _first_holding(held, DECLINE_SPAN)
@@ -121,12 +125,10 @@ def peak_decline(steps: list[int], s: Series) -> int | None:
 
 
 def plateau(steps: list[int], s: Series) -> int | None:
-    found = _rise(s)
+    found = _clear_rise(s)
     if found is None:
         return None
     _, rise = found
-    if not rise > 4 * s.se:
-        return None
     tol = max(4 * s.se, 0.15 * rise)
     for t in range(s.w - 1, s.n):
         if all(abs(s.m[u] - s.m[t]) <= tol for u in range(t + 1, s.n)):
