@@ -405,8 +405,9 @@ def test_serve_follows_a_renamed_state_and_an_output_folder(tmp_path) -> None:
 
     renamed = tmp_path / "grpo_state.json"
     shutil.copy(TRL / "grpo" / "trainer_state.json", renamed)
-    out = tmp_path / "out"
-    out.mkdir()
+    # an output folder with a generic name (`out`) is its run's folder's run: `qwen-grpo`
+    out = tmp_path / "qwen-grpo" / "out"
+    out.mkdir(parents=True)
     port = free_port()
     p = subprocess.Popen(exporter_cmd("serve", "--no-gpu", "--listen-address", f"127.0.0.1:{port}", "--log",
                                       str(renamed), "--log", str(out)), cwd=REPO, stdout=subprocess.DEVNULL,
@@ -414,10 +415,10 @@ def test_serve_follows_a_renamed_state_and_an_output_folder(tmp_path) -> None:
     try:
         wait_for(port, lambda t: value(t, "posttrain_step", run="grpo_state") == 300)
         write_checkpoint(out, 10, mtime=1_000)
-        wait_for(port, lambda t: value(t, "posttrain_step", run="out") == 10)
+        wait_for(port, lambda t: value(t, "posttrain_step", run="qwen-grpo") == 10)
         write_checkpoint(out, 20, mtime=2_000)
-        text = wait_for(port, lambda t: value(t, "posttrain_step", run="out") == 20)
-        assert value(text, "posttrain_exporter_history_resets_total", run="out") == 0
+        text = wait_for(port, lambda t: value(t, "posttrain_step", run="qwen-grpo") == 20)
+        assert value(text, "posttrain_exporter_history_resets_total", run="qwen-grpo") == 0
     finally:
         p.terminate()
         assert p.wait(timeout=10) == 0, p.stderr.read().decode()[-2000:]

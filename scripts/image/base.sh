@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes the image's base: a Debian bookworm root file system from Debian's own packages, as a tar file, with
 # mmdebstrap. No container registry is involved, so it builds where none can be reached. What it holds: Debian's
-# Essential packages, python3 and passwd (useradd): no apt, no pip, no venv module's wheels (the image installs its
+# Essential packages, python3, passwd (useradd) and libstdc++6 (numpy's C++ core links the system's, as manylinux
+# wheels may; python3 does not bring it): no apt, no pip, no venv module's wheels (the image installs its
 # wheels with scripts/image/install_wheels.py), no perl beyond perl-base (merged /usr is set up by mmdebstrap's
 # hook, not by the usrmerge package, which brings perl with it).
 #
@@ -23,7 +24,7 @@ if [ -n "${SNAPSHOT:-}" ]; then
 fi
 # No documentation, manuals or translations (a sidecar reads none of them), no iconv modules (Python decodes without
 # them; UTF-8 and ASCII are built into the C library).
-mmdebstrap --quiet --variant=essential --architectures="$arch" --include=python3,passwd \
+mmdebstrap --quiet --variant=essential --architectures="$arch" --include=python3,passwd,libstdc++6 \
   --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
   --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
   --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \

@@ -7,7 +7,8 @@
 #
 # usage: scripts/image/build.sh [NAME]      (default localhost/posttrain-exporter:VERSION)
 # env:   ARCH      the image's Debian architecture (default: this machine's; arm64 on amd64 needs qemu-user-static)
-#        BASE_TAR  reuse a base made before (default: build/base-ARCH.tar, made when missing)
+#        BASE_TAR  reuse a base made before (default: build/base-ARCH-HASH.tar, made when missing; HASH is base.sh's,
+#                  so that a changed base.sh makes a new one)
 #        STORAGE_DRIVER  buildah's storage (default vfs: works in any container or VM, no overlay needed)
 # needs:  buildah, mmdebstrap, python3 with pip, binutils (strip; binutils-aarch64-linux-gnu for arm64 on amd64)
 set -euo pipefail
@@ -17,7 +18,7 @@ version=$(sed -n 's/^VERSION = "\(.*\)"$/\1/p' exporter/buildinfo.py)
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 name=${1:-localhost/posttrain-exporter:$version}
 arch=${ARCH:-$(dpkg --print-architecture)}
-base_tar=${BASE_TAR:-build/base-$arch.tar}
+base_tar=${BASE_TAR:-build/base-$arch-$(sha256sum scripts/image/base.sh | cut -c1-12).tar}
 base=localhost/posttrain-exporter-base:bookworm-$arch
 
 if [ ! -s "$base_tar" ]; then
