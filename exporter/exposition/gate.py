@@ -10,8 +10,9 @@ sends part of a ClientHello and goes silent costs a selector entry, not a worker
 here. A kept-alive connection comes back after each request it made and waits the same way for its next one,
 up to `keepalive` seconds (TLS: already handshaken; the bytes its last request read ahead count as the start of
 the next). One address holds at most PER_ADDRESS of the waiting connections, and at most TLS_WAITING connections
-wait in the middle of a handshake: beyond either, the oldest such one is closed, so that idle sockets can
-neither fill the server's connection limit nor its memory."""
+wait in the middle of a handshake: beyond either, the oldest such one is closed (unless it has asked or closed
+meanwhile: then it leaves the gate that way), so that idle sockets can neither fill the server's connection limit
+nor its memory. A connection is looked at as it arrives, so one whose request is there is never the one closed."""
 
 from __future__ import annotations
 
@@ -148,8 +149,7 @@ class Gate:
                 return
             key = address_key(address)
             if self._by_address[key] >= self._per_address:
-                self._evict(next(c for c, w in self._waiting.items() if w.key == key),
-                            f"{key} had {self._per_address} connections waiting")
+                self._make_room(key)
             try:
                 conn.setblocking(False)
             except OSError:
@@ -167,10 +167,10 @@ class Gate:
             except (OSError, ValueError):
                 self._drop(conn)
                 continue
-            if kept:  # the next request may be here already, read ahead (TLS: decrypted bytes wake no selector)
-                self._check(conn)
-            elif tls:
+            if tls and kept is None:
                 self._advance_tls(conn, w)  # type: ignore[arg-type]
+            else:  # its request (or, kept alive, its close) may be here already: out of the gate at once, so that
+                self._check(conn)  # a burst of new connections never finds it waiting, to be closed for room
 
     def _check(self, conn: socket.socket) -> None:
         w = self._waiting.get(conn)
@@ -269,6 +269,14 @@ class Gate:
                 self._drop(conn)
             else:
                 self._refuse(conn, str(e))
+
+    def _make_room(self, key: str) -> None:
+        """Closes the oldest connection of `key` waiting, unless it turns out to have asked (or closed) meanwhile:
+        then it leaves the gate that way. One peek per new connection, however many wait."""
+        oldest = next(c for c, w in self._waiting.items() if w.key == key)
+        self._check(oldest)
+        if oldest in self._waiting:
+            self._evict(oldest, f"{key} had {self._per_address} connections waiting")
 
     def _evict(self, conn: socket.socket, why: str) -> None:
         """Closes a waiting connection to make room; says so at most once per LOG_EVERY_SECONDS."""
