@@ -234,3 +234,25 @@ def test_the_live_gauges_carry_the_recommendation_and_the_checkpoint_to_keep(tmp
     assert 'posttrain_run_recommendation{recommendation="continue",run="r"} 0.0' in text
     assert 'posttrain_run_learning{run="r"} 0.0' in text
     assert f'posttrain_checkpoint_keep_step{{run="r",saved="true"}} {float(keep.step)}' in text
+
+
+def test_a_reward_component_is_said_as_its_course_went() -> None:
+    """A component at its ceiling that collapsed is not 'near its ceiling from the start' alone, and one that rose
+    and fell back to where it began is not said to have 'moved' from a level to the same level (both read so on a
+    real KL blow-up run, grpo_kl_blowup_2)."""
+    from exporter.judgment.aspects import component_text
+    from exporter.judgment.signal import component_of
+
+    steps = np.arange(1, 201)
+    collapsed = component_of("format_reward", steps, np.where(steps < 90, 0.95, 0.0))
+    assert collapsed.at_ceiling and collapsed.fell
+    said = component_text(collapsed)
+    assert "started near its ceiling" in said and "fell to 0" in said
+    kept = component_of("format_reward", steps, np.full(200, 0.97) - 0.02 * (steps % 2))
+    assert "near its ceiling from the start" in component_text(kept) and not kept.fell
+    hump = np.where((steps > 50) & (steps < 100), 0.6, 0.03) + 0.001 * (steps % 3)
+    peaked = component_of("correctness_reward", steps, hump)
+    said = component_text(peaked)
+    assert peaked.course.shape == "peaked" and "peaked at step" in said and "fell back" in said
+    rising = component_of("closeness_reward", steps, 0.2 + 0.003 * steps + 0.01 * (steps % 2))
+    assert component_text(rising).startswith("closeness_reward rose")

@@ -79,17 +79,32 @@ def signal_text(tied: TiedGroups | None, components: list[Component]) -> str:
         if tied.most_since is not None:
             s += f" (half or more from step {tied.most_since}: they give no advantage)"
         parts.append(s)
-    for c in components:
-        if c.silent:
-            parts.append(f"{c.name} never fired (0 on {c.points - c.fired} of {c.points} logged steps)")
-        elif c.at_ceiling:
-            parts.append(f"{c.name} was near its ceiling from the start ({fmt(c.start)} -> {fmt(c.end)}, highest "
-                         f"{fmt(c.peak)})")
-        elif c.moved:
-            parts.append(f"{c.name} moved ({fmt(c.start)} -> {fmt(c.end)})")
-        else:
-            parts.append(f"{c.name} did not move ({fmt(c.start)} -> {fmt(c.end)})")
+    parts += [component_text(c) for c in components]
     return "; ".join(parts)
+
+
+def component_text(c: Component) -> str:
+    """What one reward component did, as its course and its levels say: never fired, at its ceiling from the start
+    (and whether it stayed there), rose, peaked and fell back, or did not move."""
+    span = f"{fmt(c.start)} -> {fmt(c.end)}"
+    course = c.course
+    since = f" from step {course.since_step}" if course.shape in ("peaked", "falling") and course.since_step else ""
+    if c.silent:
+        return f"{c.name} never fired (0 on {c.points - c.fired} of {c.points} logged steps)"
+    if c.at_ceiling and c.fell:
+        return f"{c.name} started near its ceiling ({fmt(c.start)}, highest {fmt(c.peak)}) and fell to {fmt(c.end)}" \
+               + since
+    if c.at_ceiling:
+        return f"{c.name} was near its ceiling from the start ({span}, highest {fmt(c.peak)})"
+    if course.shape == "peaked":
+        return f"{c.name} peaked at step {course.peak_step} ({fmt(course.peak)} smoothed) and fell back{since} ({span})"
+    if course.shape == "plateau":
+        return f"{c.name} rose, then flattened from step {course.since_step} ({span})"
+    if course.shape in ("rising", "slowing"):
+        return f"{c.name} rose ({span}{', its rate falling' if course.shape == 'slowing' else ''})"
+    if course.shape == "falling":
+        return f"{c.name} fell ({span})"
+    return f"{c.name} did not move ({span})"
 
 
 REWARD_DIRECTION = {"rising": 1, "slowing": 1, "plateau": 0, "no_trend": 0, "peaked": -1, "falling": -1}

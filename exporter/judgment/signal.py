@@ -48,6 +48,11 @@ class Component:
     def moved(self) -> bool:
         return self.course.shape in ("rising", "slowing", "plateau", "peaked")
 
+    @property
+    def fell(self) -> bool:
+        """Ended well below its highest level (under CEILING_SHARE of it): whatever it gave, it gives less now."""
+        return self.peak > 0 and self.end < CEILING_SHARE * self.peak
+
 
 def tied_groups(steps: np.ndarray, values: np.ndarray) -> TiedGroups | None:
     if len(values) < EDGE:
