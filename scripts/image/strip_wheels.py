@@ -77,7 +77,10 @@ def strip_wheel(wheel: Path) -> int:
         name = os.path.basename(info.filename)
         if (name.endswith(".so") or ".so." in name) and data[:4] == b"\x7fELF":
             new = _stripped(data)
-            if len(new) < len(data) and loadable(new):
+            if len(new) < len(data) and not loadable(new):
+                print(f"strip_wheels: {wheel.name}: {info.filename} kept unstripped (stripped, the loader would "
+                      "refuse it)", file=sys.stderr)
+            elif len(new) < len(data):
                 changed[info.filename] = new
     if not changed:
         return 0
