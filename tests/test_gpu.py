@@ -610,7 +610,7 @@ def test_the_thread_polls_at_its_interval_and_stops_cleanly() -> None:
     snap = s.snapshot()
     assert snap.polls >= 3 and snap.nvml_up and snap.cpu_seconds > 0
     assert fake.refcount == 0  # nvmlShutdown matched nvmlInit
-    assert s._thread is None
+    assert not s._loop.running
 
 
 # --- a hung NVML call; GPUs that give nothing -------------------------------------------------------------------

@@ -33,10 +33,14 @@ REGIME_EXPR, REGIME_MAPPINGS = numbered_states(
     KEY, REGIME_STYLES, REGIMES, lambda name: series("posttrain_regime", after=(f'regime="{name}"',)))
 
 
+def step_stat(w: int = 4) -> dict:
+    return stat("Step", "Last training step logged; a run that stops advancing has stalled.",
+                [t(by_run("max", series("posttrain_step")))], decimals=0, w=w)
+
+
 def step_stats(w: int = 4) -> list[dict]:
     return [
-        stat("Step", "Last training step logged; a run that stops advancing has stalled.",
-             [t(by_run("max", series("posttrain_step")))], decimals=0, w=w),
+        step_stat(w),
         stat("Best step (reward peak)",
              "Step of the highest smoothed reward so far: the checkpoint to keep. Far behind the current step "
              "means the model was better earlier: a peak followed by decline.",

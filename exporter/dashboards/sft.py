@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from exporter.dashboards.builders import by_run, by_step, dashboard, row, series, stat, step_row, t, timeseries
-from exporter.dashboards.panels import detectors_panel
+from exporter.dashboards.panels import detectors_panel, step_stat
 
 
 def sft() -> dict:
     return dashboard("posttrain-sft", "Post-training: SFT",
                      "Supervised fine-tuning fundamentals: loss, gradients, learning rate, accuracy, entropy.", [
         row("Run state", [
-            stat("Step", "Last training step logged.", [t(by_run("max", series("posttrain_step")))],
-                 decimals=0, w=8),
+            step_stat(w=8),
             stat("Epoch", "Training epoch (fractional).", [t(by_run("max", series("posttrain_epoch")))],
                  decimals=2, w=8),
             stat("Loss trend", "Least-squares slope of the loss per step over the window: negative while "

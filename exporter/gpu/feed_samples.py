@@ -39,6 +39,7 @@ from typing import Any
 from exporter.gpu.fields import FIELDS, out_of_range
 from exporter.gpu.phase import PhaseByGpu, PhaseConfig
 from exporter.gpu.sampler import GpuReading, GpuSnapshot
+from exporter.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +126,7 @@ class FeedGpuReader:
         self.cuda_devices = 0
         self._lock = threading.Lock()
         self._snapshot = GpuSnapshot()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Periodic(self.poll_once, interval_seconds, "gpu-feed-reader")
         self._warned: set[str] = set()
 
     # -- what the collectors read --
@@ -144,20 +144,10 @@ class FeedGpuReader:
     # -- the loop --
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="gpu-feed-reader", daemon=True)
-            self._thread.start()
+        self._loop.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.poll_once()
-            self._stop.wait(self.interval)
+        self._loop.stop(timeout)
 
     def poll_once(self) -> GpuSnapshot:
         try:

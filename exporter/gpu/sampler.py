@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 from exporter.gpu.fields import READS, out_of_range
 from exporter.gpu.phase import PhaseByGpu, PhaseConfig, PhaseReading
 from exporter.gpu.visibility import parse_visibility, select_devices, visibility_from_env
+from exporter.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -258,8 +259,7 @@ class GpuSampler:
         # stuck since: both under the lock, so the stuck line and the moving-again line pair up.
         self._snapshot_at: float | None = None
         self._stuck = False
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Periodic(self.poll_once, self.config.interval_seconds, "gpu-sampler", clock=time.monotonic)
 
     @property
     def expected(self) -> bool:
@@ -277,7 +277,7 @@ class GpuSampler:
         with self._lock:
             snap, at = self._snapshot, self._snapshot_at
             # Only the thread's polls are due on time: a caller polling by hand (tests, `dump`) polls when it likes.
-            age = 0.0 if at is None or self._thread is None else self._clock() - at
+            age = 0.0 if at is None or not self._loop.running else self._clock() - at
             if age <= bound:
                 return snap
             newly, self._stuck = not self._stuck, True
@@ -291,22 +291,16 @@ class GpuSampler:
         return any(g.up for g in self.snapshot().gpus)
 
     def start(self) -> None:
-        if self._thread is not None:
+        if self._loop.running:
             return
-        self._stop.clear()
         with self._lock:  # the first poll is due from now: one that hangs (in nvmlInit) goes stale too
             self._snapshot_at = self._clock()
-        self._thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():  # stuck in an NVML call: shutting NVML down under it would race
-                log.warning("GPU sampler: thread still in an NVML call after %gs; leaving it (daemon)", timeout)
-                return
-            self._thread = None
+        if not self._loop.stop(timeout):  # stuck in an NVML call: shutting NVML down under it would race
+            log.warning("GPU sampler: thread still in an NVML call after %gs; leaving it (daemon)", timeout)
+            return
         if self._up:
             self._shutdown()
             self._up = False
@@ -338,19 +332,6 @@ class GpuSampler:
         if recovered:
             log.info("GPU sampler: polling again (a poll finished after a stuck NVML call)")
         return snap
-
-    # -- the loop --
-
-    def _run(self) -> None:
-        interval = self.config.interval_seconds
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            self.poll_once()
-            next_at += interval
-            now = time.monotonic()
-            if next_at < now:  # a slow poll (an NVML timeout): skip the missed ticks, do not burst
-                next_at = now + interval
-            self._stop.wait(next_at - now)
 
     def _poll(self, now: float) -> list[GpuReading]:
         if self.visibility.none:
@@ -462,7 +443,7 @@ class GpuSampler:
         # A retry is only worth saying where there is one (the sampling thread; `dump` polls once), and a machine
         # that was given no GPU and has no NVML is a CPU machine, not a fault: said once at info.
         retry = (f", retrying with backoff (next in {wait:g}s, then at most every "
-                 f"{self.config.backoff_max_seconds:g}s)") if self._thread is not None else ""
+                 f"{self.config.backoff_max_seconds:g}s)") if self._loop.running else ""
         level = logging.WARNING if self.expected or self._ever_up or kind not in NO_NVML_HERE else logging.INFO
         self._transition(self._states, "nvml", kind, f"GPU sampler: NVML unavailable ({kind}: {error}); GPU "
                          f"metrics off{retry}", level)

@@ -16,7 +16,6 @@ import contextlib
 import logging
 import os
 import sys
-import threading
 import time
 from types import ModuleType
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 from exporter.gpu.feed_samples import sample_line
 from exporter.gpu.sampler import GpuSampler, SamplerConfig
 from exporter.integrations.appender import AppendingWriter, LineAppender
+from exporter.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -52,20 +52,13 @@ class GpuFeedWriter(AppendingWriter):
         self.sampler = GpuSampler(nvml, SamplerConfig(interval_seconds=self.interval, slow_interval_seconds=3600.0),
                                   env=env)
         self._out = LineAppender(path, "GPU feed", "sample", log)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Periodic(self.sample_once, self.interval, "posttrain-gpu-feed")
 
     def start(self) -> None:
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="posttrain-gpu-feed", daemon=True)
-            self._thread.start()
+        self._loop.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        self._loop.stop(timeout)
         with contextlib.suppress(Exception):
             self.sampler.stop(timeout)
         self._out.close()
@@ -76,14 +69,3 @@ class GpuFeedWriter(AppendingWriter):
             snap = self.sampler.poll_once()
             return sample_line(time.time(), snap.gpus, snap.nvml_up, cuda_device_count())
         return self._out.put(line)
-
-    def _run(self) -> None:
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            self.sample_once()
-            next_at += self.interval
-            now = time.monotonic()
-            if next_at < now:  # a slow poll: skip the missed ticks, never burst
-                next_at = now + self.interval
-            self._stop.wait(next_at - now)
-
