@@ -53,7 +53,7 @@ def test_the_demo_run_is_judged_as_a_practitioner_would_and_the_report_says_so_f
     text = run_cli("report", str(DEMO)).stdout.decode().splitlines()
     assert text[0].startswith("run ") and "NOT_LEARNING" in text[0]
     head = "\n".join(text[1:4])
-    assert "correctness_reward never fired" in head and "Stop" in head and "Fix the task or the reward" in head
+    assert "correctness_reward never fired" in head and "Stop" in head and "fix the task or the reward" in head.lower()
     assert j.first_sign.step <= 50 and "correctness_reward" in j.first_sign.text  # at the alert's onset
     assert text.index(next(t for t in text if "KL spiked to 9.15" in t)) < text.index(
         next(t for t in text if t.startswith("  summary:")))  # the judgment comes before the alarms

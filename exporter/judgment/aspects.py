@@ -11,7 +11,7 @@ from exporter.judgment.course import Course, rolling_median, window_of
 from exporter.judgment.loss import LossPattern
 from exporter.judgment.measure import arrays
 from exporter.judgment.signal import Component, TiedGroups, edge_levels
-from exporter.judgment.story import COURSE, NOTE, SIGN, STOP, STOP_NOW, Event, FindingLike
+from exporter.judgment.story import COURSE, NO_TREND, NOTE, PEAKED, SIGN, STOP, STOP_NOW, Event, FindingLike
 from exporter.runstate import RunState, SeriesKey
 
 KL_RISE_RATIO, KL_RISE_MIN = 1.5, 0.05  # KL rising over the recent third: 1.5x its level there, and by 0.05
@@ -64,11 +64,12 @@ def course_events(c: Course, what: str) -> list[Event]:
         return [Event(c.peak_step, f"the {what} peaked ({fmt(level(c.peak, what))})", COURSE),
                 Event(c.since_step, f"the {what} declined clearly below its peak (now {fmt(level(c.last, what))})",
                       SIGN, STOP_NOW, reason=f"the {what} peaked at step {c.peak_step} and is declining: the model "
-                                             "was better earlier")]
+                                             "was better earlier", cause=PEAKED)]
     if c.shape in ("no_trend", "falling"):
         return [Event(c.start_step, f"the {what} shows no improvement from the start"
                                     + (" (falling)" if c.shape == "falling" else " (no trend through the noise)"),
-                      SIGN, STOP, reason=f"the {what} never improved: the task is not being learnt")]
+                      SIGN, STOP, reason=f"the {what} never improved: the task is not being learnt",
+                      cause=NO_TREND)]
     return []
 
 
@@ -97,7 +98,10 @@ def component_text(c: Component) -> str:
     if c.at_ceiling:
         return f"{c.name} was near its ceiling from the start ({span}, highest {fmt(c.peak)})"
     if course.shape == "peaked":
-        return f"{c.name} peaked at step {course.peak_step} ({fmt(course.peak)} smoothed) and fell back{since} ({span})"
+        # back to where it began: within a tenth of its rise of its first level
+        back = c.end - c.start <= 0.1 * (course.peak - c.start)
+        return (f"{c.name} peaked at step {course.peak_step} ({fmt(course.peak)} smoothed, from {fmt(c.start)}) and "
+                f"fell back{since}{' to where it began' if back else ''} (now {fmt(c.end)})")
     if course.shape == "plateau":
         return f"{c.name} rose, then flattened from step {course.since_step} ({span})"
     if course.shape in ("rising", "slowing"):
@@ -174,10 +178,34 @@ def writing_text(run: RunState) -> str:
         a, b = edge_levels(got[1])
         if unit or name == "entropy":
             change = f" ({(b / a - 1) * 100:+.0f}%)" if a else ""
-            parts.append(f"{name} {fmt(a)} -> {fmt(b)}{unit}{change}")
+            parts.append(f"{name} {fmt(a)} -> {fmt(b)}{unit}{change}{turns_text(*got, unit)}")
         else:
             parts.append(f"{name} {pct(a)} -> {pct(b)}")
     return "; ".join(parts)
+
+
+TURN_RATIO = 0.6  # a low below 0.6x the lower end, or a high above the higher end / 0.6: the course turned
+TURN_WINDOW = 5  # rolling median of this many points, so that one odd step is no turn
+
+
+def turns_text(steps: np.ndarray, values: np.ndarray, unit: str = "") -> str:
+    """Where a series went far outside both its ends on the way (length that collapsed, then grew back past where
+    it began): its low and its high with their steps; '' where it went from one end to the other."""
+    if len(values) < 2 * TURN_WINDOW:
+        return ""
+    a, b = edge_levels(values)
+    m = rolling_median(values, TURN_WINDOW)
+    finite = np.isfinite(m)
+    if not finite.any() or min(a, b) <= 0:
+        return ""
+    idx = np.flatnonzero(finite)
+    lo, hi = idx[int(np.argmin(m[finite]))], idx[int(np.argmax(m[finite]))]
+    out = []
+    if m[lo] < TURN_RATIO * min(a, b):
+        out.append((int(steps[lo]), f"a low of {fmt(float(m[lo]))}{unit} at step {int(steps[lo])}"))
+    if m[hi] > max(a, b) / TURN_RATIO:
+        out.append((int(steps[hi]), f"a high of {fmt(float(m[hi]))}{unit} at step {int(steps[hi])}"))
+    return ", through " + " and ".join(t for _, t in sorted(out)) if out else ""
 
 
 def spike_notes(run: RunState, found: Sequence[FindingLike]) -> list[Event]:

@@ -30,6 +30,8 @@ class Keep:
     before: int | None  # only checkpoints before this step (the first sign of trouble) are worth keeping
     saves_read: int  # saves the log reported
     known: bool = True  # what is on disk is known (a listing, or deletions the trainer reports)
+    measure: str = ""  # what measures progress (measure.PROGRESS): "reward", "reward margin" or "loss"
+    best_level: float | None = None  # its smoothed level at the best step (the loss turned over: higher is better)
 
     @staticmethod
     def _name(path: str | None, step: int) -> str:
@@ -59,7 +61,8 @@ class Keep:
     def as_json(self) -> dict[str, Any]:
         return {"best_step": self.best_step, "checkpoint_step": self.step, "checkpoint_path": self.path,
                 "rotated_step": self.rotated_step, "rotated_path": self.rotated_path, "before_step": self.before,
-                "saves_read": self.saves_read, "on_disk_known": self.known}
+                "saves_read": self.saves_read, "on_disk_known": self.known, "measure": self.measure,
+                "best_level": self.best_level}
 
 
 def best_step(course: Course | None, steps: np.ndarray | None, levels: np.ndarray | None, before: int | None,
@@ -79,12 +82,21 @@ def best_step(course: Course | None, steps: np.ndarray | None, levels: np.ndarra
     return int(s[np.flatnonzero(finite)[int(np.argmax(m[finite]))]]) if finite.any() else int(s[-1])
 
 
+def level_at(steps: np.ndarray | None, levels: np.ndarray | None, step: int) -> float | None:
+    """The progress measure's level at `step`, smoothed as the course smooths it (None where it is not a number)."""
+    if steps is None or levels is None or not len(steps):
+        return None
+    m = smoothed(levels, window_of(len(levels)))
+    i = max(int(np.searchsorted(steps, step, side="right")) - 1, 0)
+    return float(m[i]) if np.isfinite(m[i]) else None
+
+
 def _nearest(candidates: list[int], step: int) -> int | None:
     return min(candidates, key=lambda s: (abs(s - step), s)) if candidates else None
 
 
 def keep_of(run: RunState, course: Course | None, before: int | None) -> Keep:
-    steps, levels, _ = progress_arrays(run)
+    steps, levels, measure = progress_arrays(run)
     best = best_step(course, steps, levels, before, max(run.step, 0))
     saved = run.checkpoints.saved
     on_disk = run.checkpoints.on_disk()
@@ -96,4 +108,5 @@ def keep_of(run: RunState, course: Course | None, before: int | None) -> Keep:
     rotated = nearest if nearest is not None and nearest != pick and nearest in run.checkpoints.deleted and (
         pick is None or abs(nearest - best) < abs(pick - best)) else None
     return Keep(best, pick, saved.get(pick) if pick is not None else None, rotated,
-                saved.get(rotated) if rotated is not None else None, before, len(saved), run.checkpoints.known)
+                saved.get(rotated) if rotated is not None else None, before, len(saved), run.checkpoints.known,
+                measure, level_at(steps, levels, best))

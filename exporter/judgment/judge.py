@@ -7,7 +7,7 @@ the run's trajectories (instruments/trajectory.py), the same live and after the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from exporter.judgment import aspects as say
@@ -20,7 +20,9 @@ from exporter.judgment.recommend import SILENT, calls_for, headline, recommend
 from exporter.judgment.signal import Component, TiedGroups, component_of, tied_groups
 from exporter.judgment.story import (
     COURSE,
+    DIED,
     INVESTIGATE,
+    LOSS_JUMP,
     NOT_JUDGED,
     RECOMMENDATIONS,
     SIGN,
@@ -29,14 +31,14 @@ from exporter.judgment.story import (
     WARNING,
     Event,
     FindingLike,
+    followed,
+    then_line,
 )
 from exporter.parsers.failures import Failure
 from exporter.runstate import RunState, SeriesKey
 
 ZERO_STD: SeriesKey = ("reward_zero_std", None)
 LEARNING_RATE: SeriesKey = ("learning_rate", None)
-
-
 
 
 @dataclass
@@ -56,11 +58,24 @@ class Judgment:
     def first_sign(self) -> Event | None:
         return next((e for e in self.story if e.sign), None)
 
+    @property
+    def followed(self) -> set[int]:
+        """The story's lines that follow from its first sign (story.followed): said as names and steps only."""
+        return followed(self.story)
+
+    def told(self) -> tuple[list[Event], str]:
+        """The story as a reader is told it: the lines said whole, and the alerts that followed the first sign in
+        one line (story.then_line; empty when none did)."""
+        after = self.followed
+        return ([e for i, e in enumerate(self.story) if i not in after],
+                then_line([e for i, e in enumerate(self.story) if i in after]))
+
     def as_json(self) -> dict[str, Any]:
-        first = self.first_sign
+        first, after = self.first_sign, self.followed
         return {"recommendation": self.recommendation, "headline": self.headline, "action": self.action,
                 "learning": self.learning, "not_learning": self.not_learning, "aspects": dict(self.aspects),
-                "first_sign": first.as_json() if first else None, "story": [e.as_json() for e in self.story],
+                "first_sign": first.as_json() if first else None,
+                "story": [e.as_json(i in after) for i, e in enumerate(self.story)],
                 "notes": [e.as_json() for e in self.notes], "keep": self.keep.as_json() if self.keep else None}
 
 
@@ -115,25 +130,36 @@ def judge_run(run: RunState, found: Sequence[FindingLike], unjudged: Sequence[st
             story.append(Event(loss.step, f"the loss's size jumped from {fmt(loss.before)} to {fmt(loss.after)} "
                                           "(median |loss| of 20 logged steps each side): a learning-rate step, a data "
                                           "shift or an update blowing up", SIGN, INVESTIGATE,
-                               reason="the loss jumped"))
+                               reason="the loss jumped", cause=LOSS_JUMP))
     writing = say.writing_text(run)
     if writing:
         said["writing"] = writing
     for f in found:
         calls = calls_for(f.detector, learning)
-        story.append(Event(f.onset, f"{f.alert} ({f.severity}): {f.summary}", SIGN if calls else WARNING, calls,
+        summary = f.summary.replace(f" in run {run.name}", "")  # the report is the run's own: no need to say it
+        name = f"{f.alert} [{f.component}]" if f.component else f.alert
+        story.append(Event(f.onset, f"{f.alert} ({f.severity}): {summary}", SIGN if calls else WARNING, calls,
                            f.severity == "critical", f"the task is not being learnt ({f.component} never fired)"
-                           if f.detector == SILENT else f.summary.rstrip(".")))
+                           if f.detector == SILENT else _clause(summary), name, f.detector))
     if crash is not None:
         story.append(Event(max(run.step, 0), f"the trainer died: {crash.text}", SIGN, INVESTIGATE, True,
-                           f"the trainer died: {crash.text}"))
+                           f"the trainer died: {crash.text}", cause=DIED))
     story.sort(key=lambda e: (e.step, e.kind != SIGN, RECOMMENDATIONS.index(e.recommends or NOT_JUDGED)))
     rec, reason, decisive = recommend(story, course, learning, relation, crash)
     # only the signs that agree with the recommendation stay signs; the others are warnings that came with them
-    story = [e if not e.sign or e.recommends == rec else Event(e.step, e.text, WARNING) for e in story]
-    keep = keep_of(run, course, decisive.step if rec == STOP_NOW and decisive else None) if what else None
-    head, action = headline(rec, reason, why_not, keep)
+    story = [e if not e.sign or e.recommends == rec else replace(e, kind=WARNING, recommends=None) for e in story]
+    # a run whose measure never rose beyond its noise has no checkpoint better than the model it started from
+    keep = None if not what or (learning is False and course is not None and course.shape in ("no_trend", "falling")) \
+        else keep_of(run, course, decisive.step if rec == STOP_NOW and decisive else None)
+    head, action = headline(rec, reason, why_not, keep, decisive.cause if decisive else "")
     return Judgment(rec, head, action, learning, why_not, said, story, say.spike_notes(run, found), keep, course)
+
+
+def _clause(summary: str) -> str:
+    """An alert's summary as a clause of the headline: no full stop, lower-case unless it starts with an acronym."""
+    text = summary.strip().rstrip(".")
+    head = text.split(" ", 1)[0]
+    return text if head.isupper() or not text else text[0].lower() + text[1:]
 
 
 def _progress(run: RunState) -> tuple[Course | None, str]:

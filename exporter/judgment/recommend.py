@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from exporter.judgment.checkpoints import Keep
 from exporter.judgment.course import Course
-from exporter.judgment.story import CONTINUE, INVESTIGATE, NOT_JUDGED, RECOMMENDATIONS, STOP, STOP_NOW, Event
+from exporter.judgment.story import (
+    CONTINUE,
+    INVESTIGATE,
+    NO_TREND,
+    NOT_JUDGED,
+    PEAKED,
+    RECOMMENDATIONS,
+    STOP,
+    STOP_NOW,
+    Event,
+)
 from exporter.parsers.failures import Failure
 
 # Detectors whose finding means continuing makes the model worse: stop now, keep a checkpoint from before it.
@@ -58,8 +68,51 @@ def recommend(story: list[Event], course: Course | None, learning: bool | None, 
     return CONTINUE, "it is still improving" if course.shape in ("rising", "slowing") else "too early to judge", None
 
 
-def headline(rec: str, reason: str, why_not: str | None, keep: Keep | None) -> tuple[str, str]:
+# What to change before a new run, by what raised the deciding sign (a detector, or the judgment's own reading).
+# Knob names are TRL's (GRPOConfig, DPOConfig); verl and OpenRLHF have the same knobs under their own names.
+_PEAK = ("lower the learning rate or raise beta (the KL penalty), and read the completions around the peak for what "
+         "the reward began to pay for")
+_FLAT = ("fix the task or the reward: read a few completions beside their scores to check the reward scores what you "
+         "expect, then try easier prompts or a higher learning rate")
+_SPREAD = ("give the groups something to tell apart: harder prompts, more completions per prompt (num_generations) or "
+           "a graded reward in place of a pass/fail one")
+NEXT_STEPS: dict[str, str] = {
+    "kl_critical": "lower the learning rate or raise beta (the KL penalty) so the policy stays near its reference, and "
+                   "read the completions from the first sign for an exploit of the reward",
+    "destructive_regime": "lower the learning rate or raise beta, and read the completions from the first sign: a "
+                          "reward that falls while the KL rises is being gamed or the updates are too large",
+    "nonfinite_loss_or_kl": "find the first non-finite step: lower the learning rate, clip gradients (max_grad_norm), "
+                            "check fp16 overflow (bf16 is safer) and the reward for NaN or inf",
+    "completion_length_growing": "the reward pays for length: penalise or normalise it by length, or cap "
+                                 "max_completion_length",
+    "completions_truncated": "raise max_completion_length, or keep truncated completions out of the loss "
+                             "(mask_truncated_completions=True): a cut-off answer scored as one biases the advantages",
+    "completion_length_shrinking": "short answers became safer than good ones: check that the reward does not punish "
+                                   "length or a failed parse harder than a wrong answer",
+    "template_collapse": "raise the sampling temperature or beta, and check that the reward cannot be met by one fixed "
+                         "template",
+    "entropy_collapse": "raise the sampling temperature or beta, or lower the learning rate: the policy grew sure too "
+                        "fast",
+    "dpo_displacement": "the chosen answers lose likelihood with the rejected ones: lower the learning rate or beta, "
+                        "add an SFT term on the chosen answers (rpo_alpha), and look for near-identical pairs",
+    "reward_peaked_and_fell": _PEAK,
+    PEAKED: _PEAK,
+    "reward_std_collapsed": _SPREAD,
+    "learning_signal_dead": _SPREAD,
+    "dpo_saturated": "the pairs are learnt: more or harder preference pairs if more is wanted",
+    "drifting_without_gain": "nothing: the run has run its course (a new run needs a harder task or a better reward)",
+    SILENT: "fix the task or the reward: a component that never fires teaches nothing (check how it parses a "
+            "completion, or start from prompts the model can sometimes solve)",
+    NO_TREND: _FLAT,
+}
+
+
+def headline(rec: str, reason: str, why_not: str | None, keep: Keep | None, cause: str = "") -> tuple[str, str]:
+    """What an experienced engineer says first (the recommendation and its reason), and what to do: the checkpoint
+    to keep and what to change before a new run (NEXT_STEPS, by what raised the deciding sign)."""
     keep_text = f" Keep {keep.text()}." if keep is not None else ""
+    nxt = NEXT_STEPS.get(cause) or (NEXT_STEPS[NO_TREND] if why_not else "")
+    before = f" Before a new run: {nxt}." if nxt else ""
     first = {STOP_NOW: "Stop now: " + reason + ".",
              INVESTIGATE: "Investigate: " + reason + ".",
              STOP: "Stop: " + reason + ".",
@@ -67,14 +120,15 @@ def headline(rec: str, reason: str, why_not: str | None, keep: Keep | None) -> t
     if why_not:
         first = f"The task is not being learnt: {why_not}. " + ("Stop." if rec == STOP else first)
     if rec == STOP_NOW:
-        action = "Stop the run." + keep_text + " Fix what broke it before a new run (the story says what came first)."
+        action = ("Stop the run: continuing makes the model worse." + keep_text
+                  + (before or " Fix what broke it before a new run (the story says what came first)."))
     elif rec == INVESTIGATE:
         action = "Look at what changed at that step (learning-rate schedule, data, the trainer's output) before " \
                  "trusting later checkpoints." + keep_text
     elif rec == STOP:
-        action = ("Stop: more steps have no realistic upside." + keep_text
-                  + (" Fix the task or the reward (a component that never fires teaches nothing) before a new run."
-                     if why_not else ""))
+        if keep is None and why_not:
+            keep_text = " No checkpoint is better than the model the run started from."
+        action = "Stop: more steps have no realistic upside." + keep_text + before
     else:
         action = "Let it run; the alerts page if that changes."
     return first, action

@@ -11,6 +11,8 @@ RECOMMENDATIONS = (STOP_NOW, INVESTIGATE, STOP, CONTINUE, NOT_JUDGED)
 # What a line of the story is: a sign that decides the recommendation (the story's first sign is the earliest),
 # a warning that came with it, the course of the progress measure, or a note of what passed without an alert.
 SIGN, WARNING, COURSE, NOTE = "sign", "warning", "course", "note"
+# The causes of a sign that no detector names: the judgment's own reading of the course, the loss and the trainer.
+PEAKED, NO_TREND, LOSS_JUMP, DIED = "peaked", "no_trend", "loss_jump", "died"
 
 
 @dataclass(frozen=True)
@@ -21,13 +23,36 @@ class Event:
     recommends: str | None = None  # for a sign: what it calls for
     page: bool = False  # a sign that pages (a critical finding, the trainer's death)
     reason: str = ""  # for a sign: what it says, short (the headline's reason)
+    name: str = ""  # for an alert's finding: the alert, with its component ("PostTrainKLWarning [format]")
+    cause: str = ""  # what raised it: the detector, or one of PEAKED, NO_TREND, LOSS_JUMP, DIED
 
     @property
     def sign(self) -> bool:
         return self.kind == SIGN
 
-    def as_json(self) -> dict[str, Any]:
-        return {"step": self.step, "text": self.text, "kind": self.kind}
+    def as_json(self, followed: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {"step": self.step, "text": self.text, "kind": self.kind}
+        if self.name:
+            out["alert"] = self.name
+        if followed:
+            out["followed"] = True
+        return out
+
+
+def followed(story: list[Event]) -> set[int]:
+    """The lines of `story` that follow from its first sign: every alert's finding after it that neither pages nor
+    is needed to tell it (an alert that pages is said whole). A run that went wrong raises most detectors in turn
+    (a KL blow-up brings entropy, length and truncation alerts behind it); a reader needs the first sign and what
+    paged, and only the names and steps of the rest."""
+    first = next((i for i, e in enumerate(story) if e.sign), None)
+    if first is None:
+        return set()
+    return {i for i, e in enumerate(story) if i > first and e.name and not e.page and e.kind in (SIGN, WARNING)}
+
+
+def then_line(events: list[Event]) -> str:
+    """The alerts that followed the first sign, in one line: their names and onsets."""
+    return "; ".join(f"{e.name} (step {e.step})" for e in events)
 
 
 class FindingLike(Protocol):

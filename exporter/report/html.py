@@ -238,10 +238,13 @@ def _judgment(v: RunVerdict) -> str:
     out += [f"<tr><th>{_esc(_ASPECTS.get(k, k))}</th><td>{_esc(t)}</td></tr>" for k, t in j.aspects.items()]
     out.append("</table>")
     if j.story:
+        lines, then = j.told()
         out.append("<h3>Story</h3><ol class=\"story\">")
         out += [f'<li class="story-{_esc(e.kind)}">step {e.step} <span class="muted">[{_esc(e.kind)}]</span> '
-                f"{_esc(e.text)}</li>" for e in j.story]
+                f"{_esc(e.text)}</li>" for e in lines]
         out.append("</ol>")
+        if then:
+            out.append(f'<p class="story-then">Then, following it: {_esc(then)}</p>')
     if j.notes:
         out.append("<h3>Notes: what passed without an alert</h3><ul>")
         out += [f"<li>step {e.step}: {_esc(e.text)}</li>" for e in j.notes]

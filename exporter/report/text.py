@@ -68,7 +68,10 @@ def judgment_lines(v: RunVerdict) -> list[str]:
     first = j.first_sign
     if j.story:
         out.append("  story:" + (f" (first sign at step {first.step})" if first else ""))
-        out += [f"    step {e.step:>6}  [{e.kind}] {e.text}" for e in j.story]
+        lines, then = j.told()
+        out += [f"    step {e.step:>6}  [{e.kind}] {e.text}" for e in lines]
+        if then:
+            out.append(f"    then, following it: {then}")
     if j.notes:
         out.append("  notes (passed without an alert):")
         out += [f"    step {e.step:>6}  {e.text}" for e in j.notes]
@@ -143,7 +146,7 @@ def _summary_lines(v: RunVerdict) -> list[str]:
                    "e.g. {my/reward_mean: reward})")
     if v.best_step is not None:
         out.append(f"  best step {v.best_step}: smoothed reward {_num(v.best_reward)}, KL {_num(v.kl_at_best)}"
-                   " (the reward's smoothed peak; the checkpoint to keep is in the judgment above)")
+                   " (where the smoothed reward was highest; the checkpoint to keep is in the judgment above)")
     if v.regimes:
         out.append("  regime (share of the judged steps): "
                    + ", ".join(f"{name} {_share(share)}" for name, share in regime_shares(v.regimes)))

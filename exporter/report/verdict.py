@@ -25,6 +25,7 @@ from exporter.detectors.catalog import Detector, SeriesKey
 from exporter.instruments.derived import REGIME_OF
 from exporter.instruments.keymap import INSTRUMENTS
 from exporter.instruments.window import rolling_mean, window_stats
+from exporter.judgment.checkpoints import Keep
 from exporter.judgment.judge import Judgment, judge_run
 from exporter.parsers.failures import Failure
 from exporter.report.digest import RunDigest
@@ -239,9 +240,9 @@ def judge(run: RunState, runbook_base: str = RUNBOOK_BASE, stats: IngestStats | 
     run.refresh()
     digest = (digest or RunDigest()).close(run)
     found = findings(run, runbook_base)
-    best_step, best_reward, kl_at_best = _best(run, digest, found)
     missing = unjudged(run)
     judged = judge_run(run, found, missing, run.crash)
+    best_step, best_reward, kl_at_best = _best(run, digest, found, judged.keep)
     return RunVerdict(run.name, step_of(run), run.finished, found, best_step, best_reward, kl_at_best,
                       _regimes(run, digest), _instruments(run, digest),
                       {k: d.chart() for k, d in digest.series.items() if d.count},
@@ -289,16 +290,21 @@ def findings(run: RunState, runbook_base: str = RUNBOOK_BASE) -> list[Finding]:
 _POISONS = "nonfinite_loss_or_kl"
 
 
-def _best(run: RunState, digest: RunDigest, found: list[Finding]) -> tuple[int | None, float | None, float | None]:
-    """The reward's smoothed peak (posttrain_reward_peak_step), or the peak before a numerical failure began where
-    it came after (the live gauge does not know the detectors)."""
+def _best(run: RunState, digest: RunDigest, found: list[Finding],
+          keep: Keep | None = None) -> tuple[int | None, float | None, float | None]:
+    """The run's best step and reward there: the judgment's (the checkpoint it says to keep is near it), where the
+    reward measures its progress; else the reward's smoothed peak (posttrain_reward_peak_step). Either way before a
+    numerical failure where one began (the live gauge does not know the detectors)."""
     g = run.derived.gauges
     step, peak = g.get(("posttrain_reward_peak_step", ())), g.get(("posttrain_reward_peak", ()))
-    if step is None:
-        return None, None, None
     poisoned = min((e.since for f in found if f.detector == _POISONS for e in f.episodes), default=None)
     if poisoned is not None:
         poisoned = _first_nonfinite(run, poisoned)
+    if keep is not None and keep.measure == "reward" and keep.best_level is not None and (
+            poisoned is None or keep.best_step < poisoned):
+        step, peak, poisoned = keep.best_step, keep.best_level, None  # one best step in the whole report
+    if step is None:
+        return None, None, None
     if poisoned is not None and step >= poisoned:
         step, peak = _peak_before(run, digest, poisoned)
         if step is None:
