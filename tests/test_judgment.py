@@ -256,3 +256,112 @@ def test_a_reward_component_is_said_as_its_course_went() -> None:
     assert peaked.course.shape == "peaked" and "peaked at step" in said and "fell back" in said
     rising = component_of("closeness_reward", steps, 0.2 + 0.003 * steps + 0.01 * (steps % 2))
     assert component_text(rising).startswith("closeness_reward rose")
+    assert "to where it began" in said and "->" not in said  # not 'fell back (0.03 -> 0.03)'
+
+
+# --- the story as it is told: the first sign, what paged, then the rest in a line ---------------------------------
+
+CORPUS = REPO / "tests" / "fixtures" / "corpus"
+
+
+def _corpus(run: str):
+    return _verdict(CORPUS / run / "combined.log", run)
+
+
+def test_the_alerts_that_followed_the_first_sign_are_told_in_one_line() -> None:
+    """A KL blow-up brings most detectors behind it (grpo_kl_blowup_2: 13 findings). The story says the first sign
+    and every page whole, and the warnings that came after it as names and steps in one line; JSON marks them."""
+    v = _corpus("grpo_kl_blowup_2")
+    j = v.judgment
+    first = j.first_sign
+    lines, then = j.told()
+    after = [e for i, e in enumerate(j.story) if i in j.followed]
+    assert first is not None and first.step < min(e.step for e in after)
+    assert all(not e.page and e.name for e in after) and len(after) >= 5
+    assert all(e.page or not e.name or e.step <= first.step for e in lines)  # what is said whole
+    assert {"PostTrainDestructiveRegime", "PostTrainKLCritical"} <= {e.name for e in lines}
+    for e in after:
+        assert f"{e.name} (step {e.step})" in then
+    assert len(lines) + len(after) == len(j.story) and len(lines) <= 8, lines
+    text = run_cli("report", str(CORPUS / "grpo_kl_blowup_2" / "combined.log")).stdout.decode()
+    story = text[text.index("  story:"):text.index("  summary:")]
+    assert story.count("\n    step ") == len(lines) and "then, following it: " + then in story
+    assert " in run grpo_kl_blowup_2" not in story  # the report is the run's own
+    doc = j.as_json()
+    assert [s.get("followed", False) for s in doc["story"]] == [i in j.followed for i in range(len(j.story))]
+    html = run_cli("report", "--format", "html", str(CORPUS / "grpo_kl_blowup_2" / "combined.log")).stdout.decode()
+    assert "Then, following it: " in html
+
+
+@pytest.mark.parametrize("run", ["grpo_healthy", "grpo_healthy_rising", "dpo_healthy"])
+def test_a_healthy_run_has_nothing_that_followed(run: str) -> None:
+    j = _corpus(run).judgment
+    assert j.first_sign is None and not j.followed and j.told() == (j.story, "")
+
+
+def test_the_report_names_one_best_step() -> None:
+    """The summary's best step is the judgment's (the checkpoint to keep is near it), not a second peak of another
+    smoothing (grpo_kl_blowup_2 said 53 in the summary and 58 in the judgment)."""
+    for run in ("grpo_kl_blowup_2", "grpo_peak_decline", "grpo_healthy"):
+        v = _corpus(run)
+        assert v.best_step == v.judgment.keep.best_step, run
+        assert v.best_reward == pytest.approx(v.judgment.keep.best_level), run
+    j = _corpus("grpo_kl_blowup_2").judgment
+    assert f"nearest step {j.keep.best_step}" in j.action
+
+
+def test_a_run_whose_reward_never_rose_keeps_no_checkpoint() -> None:
+    """No checkpoint of a run with no trend is better than the model it started from: none is named, the action
+    says so, and the live gauge is absent."""
+    v = _corpus("grpo_no_trend")
+    j = v.judgment
+    assert j.learning is False and j.keep is None and j.as_json()["keep"] is None
+    assert "No checkpoint is better than the model the run started from" in j.action
+    assert "Keep " not in j.action
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from exporter.exposition.collector import ExporterCollector
+
+    ex = Exporter(Config(), [LogSpec(str(CORPUS / "grpo_no_trend" / "combined.log"), "r")])
+    ex.read_to_end()
+    registry = CollectorRegistry()
+    registry.register(ExporterCollector(ex))
+    text = generate_latest(registry).decode()
+    assert 'posttrain_run_learning{run="r"} 0.0' in text and "posttrain_checkpoint_keep_step{" not in text
+
+
+# The recommendation that stops a run says what to change before the next one, in the trainer's own knobs.
+NEXT = {"grpo_kl_blowup": ("beta", "learning rate"), "grpo_kl_blowup_2": ("learning rate", "beta"),
+        "grpo_length_hacking": ("length",), "grpo_template_collapse": ("temperature",),
+        "grpo_entropy_collapse": ("temperature",), "dpo_displacement": ("rpo_alpha",),
+        "grpo_reward_std_collapse": ("num_generations",), "grpo_no_trend": ("fix the task or the reward",)}
+
+
+@pytest.mark.parametrize("run", sorted(NEXT))
+def test_a_run_told_to_stop_is_told_what_to_change(run: str) -> None:
+    j = _corpus(run).judgment
+    assert j.recommendation in ("stop_now", "stop"), j.headline
+    assert "Before a new run: " in j.action, j.action
+    for word in NEXT[run]:
+        assert word in j.action, (word, j.action)
+
+
+def test_every_sign_that_stops_a_run_has_a_next_step() -> None:
+    from exporter.judgment.recommend import DESTRUCTIVE, NEXT_STEPS, RUN_ITS_COURSE, SILENT
+    from exporter.judgment.story import NO_TREND, PEAKED
+
+    assert DESTRUCTIVE | RUN_ITS_COURSE | {SILENT, PEAKED, NO_TREND} <= set(NEXT_STEPS)
+
+
+def test_a_length_that_turned_on_the_way_is_said_with_its_low() -> None:
+    """grpo_kl_blowup_2's completions went from 7.5 tokens to 16, through a collapse to about 4 at step ~93: the
+    two ends alone read as plain growth. A series that went from one end to the other says no turn."""
+    from exporter.judgment.aspects import turns_text
+
+    said = _corpus("grpo_kl_blowup_2").judgment.aspects["writing"]
+    low = re.search(r"completion length [^;]*, through a low of ([\d.]+) tokens at step (\d+)", said)
+    assert low and float(low.group(1)) < 6 and 80 <= int(low.group(2)) <= 110, said
+    steps = np.arange(100)
+    assert turns_text(steps, 7 + 0.1 * steps) == ""
+    dip = np.where((steps > 40) & (steps < 60), 2.0, 8.0)
+    assert turns_text(steps, dip, " tokens").startswith(", through a low of 2 tokens at step ")

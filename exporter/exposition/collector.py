@@ -107,7 +107,8 @@ class ExporterCollector(Collector):
                                      "to say.", labels=["run"])
         keep = GaugeMetricFamily("posttrain_checkpoint_keep_step", "Step of the checkpoint to keep: the saved one "
                                  "nearest the run's best step (before its first sign of trouble when it must stop "
-                                 "now), or the best step itself when the log says nothing of what was saved.",
+                                 "now), or the best step itself when the log says nothing of what was saved; absent "
+                                 "when no checkpoint is worth keeping (a reward that never rose beyond its noise).",
                                  labels=["run", "saved"])
         for name, run in self.exporter.runs.items():
             if not run.trainer_records:

@@ -93,7 +93,7 @@ NEXT_STEPS: dict[str, str] = {
                          "template",
     "entropy_collapse": "raise the sampling temperature or beta, or lower the learning rate: the policy grew sure too "
                         "fast",
-    "dpo_displacement": "the chosen answers lose likelihood with the rejected ones: lower the learning rate or beta, "
+    "dpo_displacement": "the chosen answers lose likelihood with the rejected ones: lower the learning rate, "
                         "add an SFT term on the chosen answers (rpo_alpha), and look for near-identical pairs",
     "reward_peaked_and_fell": _PEAK,
     PEAKED: _PEAK,
