@@ -365,3 +365,13 @@ def test_a_length_that_turned_on_the_way_is_said_with_its_low() -> None:
     assert turns_text(steps, 7 + 0.1 * steps) == ""
     dip = np.where((steps > 40) & (steps < 60), 2.0, 8.0)
     assert turns_text(steps, dip, " tokens").startswith(", through a low of 2 tokens at step ")
+
+
+def test_a_loss_jump_beside_a_learning_rate_step_names_the_step() -> None:
+    """grpo_lr_step: the learning rate steps 10x at step 300 and the loss's size jumps there. The headline says
+    which step of the rate the jump sits beside, and the action what to check in the schedule."""
+    j = _corpus("grpo_lr_step").judgment
+    assert j.recommendation == "investigate" and j.first_sign.cause == "lr_jump"
+    assert re.search(r"the loss jumped [\d.]+x, beside the learning rate's step from 5e-05 to 0.0005 at step 30\d",
+                     j.headline), j.headline
+    assert "lr_scheduler_type" in j.action

@@ -7,6 +7,8 @@ from exporter.judgment.course import Course
 from exporter.judgment.story import (
     CONTINUE,
     INVESTIGATE,
+    LOSS_JUMP,
+    LR_JUMP,
     NO_TREND,
     NOT_JUDGED,
     PEAKED,
@@ -104,6 +106,10 @@ NEXT_STEPS: dict[str, str] = {
     SILENT: "fix the task or the reward: a component that never fires teaches nothing (check how it parses a "
             "completion, or start from prompts the model can sometimes solve)",
     NO_TREND: _FLAT,
+    LR_JUMP: "if the learning rate's step was not meant, fix the schedule (lr_scheduler_type, warmup_steps); if it "
+             "was, trust no later checkpoint until the reward shows the step helped",
+    LOSS_JUMP: "compare the batches and the gradient norm around that step: a data shift, a bad batch or an update "
+               "that blew up",
 }
 
 
@@ -124,7 +130,7 @@ def headline(rec: str, reason: str, why_not: str | None, keep: Keep | None, caus
                   + (before or " Fix what broke it before a new run (the story says what came first)."))
     elif rec == INVESTIGATE:
         action = "Look at what changed at that step (learning-rate schedule, data, the trainer's output) before " \
-                 "trusting later checkpoints." + keep_text
+                 "trusting later checkpoints." + keep_text + (f" Then: {nxt}." if nxt else "")
     elif rec == STOP:
         if keep is None and why_not:
             keep_text = " No checkpoint is better than the model the run started from."

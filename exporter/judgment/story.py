@@ -12,7 +12,8 @@ RECOMMENDATIONS = (STOP_NOW, INVESTIGATE, STOP, CONTINUE, NOT_JUDGED)
 # a warning that came with it, the course of the progress measure, or a note of what passed without an alert.
 SIGN, WARNING, COURSE, NOTE = "sign", "warning", "course", "note"
 # The causes of a sign that no detector names: the judgment's own reading of the course, the loss and the trainer.
-PEAKED, NO_TREND, LOSS_JUMP, DIED = "peaked", "no_trend", "loss_jump", "died"
+# (LR_JUMP: a loss jump beside a step of the learning rate.)
+PEAKED, NO_TREND, LOSS_JUMP, LR_JUMP, DIED = "peaked", "no_trend", "loss_jump", "lr_jump", "died"
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class Event:
     page: bool = False  # a sign that pages (a critical finding, the trainer's death)
     reason: str = ""  # for a sign: what it says, short (the headline's reason)
     name: str = ""  # for an alert's finding: the alert, with its component ("PostTrainKLWarning [format]")
-    cause: str = ""  # what raised it: the detector, or one of PEAKED, NO_TREND, LOSS_JUMP, DIED
+    cause: str = ""  # what raised it: the detector, or one of PEAKED, NO_TREND, LOSS_JUMP, LR_JUMP, DIED
 
     @property
     def sign(self) -> bool:
