@@ -280,23 +280,32 @@ def test_the_alerts_that_followed_the_first_sign_are_told_in_one_line() -> None:
     assert all(not e.page and e.name for e in after) and len(after) >= 5
     assert all(e.page or not e.name or e.step <= first.step for e in lines)  # what is said whole
     assert {"PostTrainDestructiveRegime", "PostTrainKLCritical"} <= {e.name for e in lines}
-    for e in after:
-        assert f"{e.name} (step {e.step})" in then
+    assert then == ["after it: " + "; ".join(f"{e.name} (step {e.step})" for e in after)]
     assert len(lines) + len(after) == len(j.story) and len(lines) <= 8, lines
     text = run_cli("report", str(CORPUS / "grpo_kl_blowup_2" / "combined.log")).stdout.decode()
     story = text[text.index("  story:"):text.index("  summary:")]
-    assert story.count("\n    step ") == len(lines) and "then, following it: " + then in story
+    assert story.count("\n    step ") == len(lines) and "\n    " + then[0] + "\n" in story
     assert " in run grpo_kl_blowup_2" not in story  # the report is the run's own
     doc = j.as_json()
     assert [s.get("followed", False) for s in doc["story"]] == [i in j.followed for i in range(len(j.story))]
     html = run_cli("report", "--format", "html", str(CORPUS / "grpo_kl_blowup_2" / "combined.log")).stdout.decode()
-    assert "Then, following it: " in html
+    assert '<p class="story-then">After it: PostTrainKLWarning (step 70)' in html
+
+
+def test_the_alerts_raised_at_the_first_signs_step_come_with_it() -> None:
+    """grpo_length_collapse: KL critical pages at step 50 with the length, entropy and KL-warning alerts at the
+    same step; they came with the first sign, not after it."""
+    j = _corpus("grpo_length_collapse").judgment
+    _, then = j.told()
+    assert j.first_sign.step == 50 and then[0].startswith("with the first sign: ")
+    assert "PostTrainEntropyCollapse" in then[0] and "(step" not in then[0]
+    assert then[1].startswith("after it: ") and all(int(s) > 50 for s in re.findall(r"step (\d+)", then[1]))
 
 
 @pytest.mark.parametrize("run", ["grpo_healthy", "grpo_healthy_rising", "dpo_healthy"])
 def test_a_healthy_run_has_nothing_that_followed(run: str) -> None:
     j = _corpus(run).judgment
-    assert j.first_sign is None and not j.followed and j.told() == (j.story, "")
+    assert j.first_sign is None and not j.followed and j.told() == (j.story, [])
 
 
 def test_the_report_names_one_best_step() -> None:

@@ -36,7 +36,7 @@ from exporter.judgment.story import (
     Event,
     FindingLike,
     followed,
-    then_line,
+    followed_lines,
 )
 from exporter.parsers.failures import Failure
 from exporter.runstate import RunState, SeriesKey
@@ -67,12 +67,12 @@ class Judgment:
         """The story's lines that follow from its first sign (story.followed): said as names and steps only."""
         return followed(self.story)
 
-    def told(self) -> tuple[list[Event], str]:
-        """The story as a reader is told it: the lines said whole, and the alerts that followed the first sign in
-        one line (story.then_line; empty when none did)."""
-        after = self.followed
+    def told(self) -> tuple[list[Event], list[str]]:
+        """The story as a reader is told it: the lines said whole, and the alerts that followed the first sign by
+        name (story.followed_lines: with the first sign, after it; none when none did)."""
+        after, first = self.followed, self.first_sign
         return ([e for i, e in enumerate(self.story) if i not in after],
-                then_line([e for i, e in enumerate(self.story) if i in after]))
+                followed_lines([e for i, e in enumerate(self.story) if i in after], first.step) if first else [])
 
     def as_json(self) -> dict[str, Any]:
         first, after = self.first_sign, self.followed

@@ -51,9 +51,13 @@ def followed(story: list[Event]) -> set[int]:
     return {i for i, e in enumerate(story) if i > first and e.name and not e.page and e.kind in (SIGN, WARNING)}
 
 
-def then_line(events: list[Event]) -> str:
-    """The alerts that followed the first sign, in one line: their names and onsets."""
-    return "; ".join(f"{e.name} (step {e.step})" for e in events)
+def followed_lines(events: list[Event], first_step: int) -> list[str]:
+    """The alerts that followed the first sign, in a line or two: those raised at its own step as coming with it,
+    the later ones with their onsets."""
+    with_it = [e.name for e in events if e.step <= first_step]
+    later = [f"{e.name} (step {e.step})" for e in events if e.step > first_step]
+    return ([f"with the first sign: {', '.join(with_it)}"] if with_it else []) + (
+        [f"after it: {'; '.join(later)}"] if later else [])
 
 
 class FindingLike(Protocol):

@@ -243,8 +243,7 @@ def _judgment(v: RunVerdict) -> str:
         out += [f'<li class="story-{_esc(e.kind)}">step {e.step} <span class="muted">[{_esc(e.kind)}]</span> '
                 f"{_esc(e.text)}</li>" for e in lines]
         out.append("</ol>")
-        if then:
-            out.append(f'<p class="story-then">Then, following it: {_esc(then)}</p>')
+        out += [f'<p class="story-then">{_esc(line[0].upper() + line[1:])}</p>' for line in then]
     if j.notes:
         out.append("<h3>Notes: what passed without an alert</h3><ul>")
         out += [f"<li>step {e.step}: {_esc(e.text)}</li>" for e in j.notes]

@@ -70,8 +70,7 @@ def judgment_lines(v: RunVerdict) -> list[str]:
         out.append("  story:" + (f" (first sign at step {first.step})" if first else ""))
         lines, then = j.told()
         out += [f"    step {e.step:>6}  [{e.kind}] {e.text}" for e in lines]
-        if then:
-            out.append(f"    then, following it: {then}")
+        out += [f"    {line}" for line in then]
     if j.notes:
         out.append("  notes (passed without an alert):")
         out += [f"    step {e.step:>6}  {e.text}" for e in j.notes]
