@@ -376,6 +376,39 @@ def test_queries_return_data_on_the_fixtures(stack, board: str, runs: list[str])
     _check(stack, board, runs, need_data=True)
 
 
+@pytest.mark.parametrize("name", ["grpo", "ppo", "dpo", "sft"])
+def test_every_training_board_leads_with_the_judgment(name: str) -> None:
+    """What to do next comes first: the judgment's three panels open the board's first row."""
+    titles = [p["title"] for p in preview.all_panels(BOARDS[name]) if p["type"] != "row"]
+    assert titles[:3] == ["What to do next", "Learning its task", "Checkpoint to keep"], titles[:5]
+
+
+def test_the_judgment_panels_show_what_the_exporter_judged(stack) -> None:
+    """The demo run (fixture `grpo`) is judged 'stop', not learning its task, with a checkpoint to keep: the
+    board's numbered recommendation maps to that text, and its learning and checkpoint panels read it."""
+    from exporter.report.live import judgment_of
+
+    panels = {p["title"]: p for p in preview.all_panels(BOARDS["grpo"])}
+    expr = panels["What to do next"]["targets"][0]["expr"]
+    (got,) = stack.query(preview.substitute(expr, ["grpo"]))
+    shown = panels["What to do next"]["fieldConfig"]["defaults"]["mappings"][0]["options"][got["value"][1]]["text"]
+    assert shown.startswith("stop:"), shown
+    (learning,) = stack.query(preview.substitute(panels["Learning its task"]["targets"][0]["expr"], ["grpo"]))
+    assert learning["value"][1] == "0"
+    (keep,) = stack.query(preview.substitute(panels["Checkpoint to keep"]["targets"][0]["expr"], ["grpo"]))
+    ex = _exporter_of(TRL / "grpo" / "combined.log")
+    assert float(keep["value"][1]) == judgment_of(ex.runs["grpo"]).keep.best_step
+
+
+def _exporter_of(log):
+    from exporter.app import Exporter
+    from exporter.config import Config, LogSpec
+
+    ex = Exporter(Config(), [LogSpec(str(log), "grpo")])
+    ex.read_to_end()
+    return ex
+
+
 def test_ppo_queries_parse(stack) -> None:
     _check(stack, "ppo", ["ppo"], need_data=False)
 

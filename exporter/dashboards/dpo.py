@@ -18,13 +18,14 @@ from exporter.dashboards.builders import (
     timeseries,
     value_mappings,
 )
-from exporter.dashboards.panels import detectors_panel, fundamentals, step_stat
+from exporter.dashboards.panels import detectors_panel, fundamentals, judgment_panels, step_stat
 
 
 def dpo() -> dict:
     return dashboard("posttrain-dpo", "Post-training: DPO",
                      "DPO reward dynamics (implicit rewards, margin, preference accuracy) and the fundamentals.", [
         row("Run state", [
+            *judgment_panels(),
             step_stat(w=6),
             stat("Preference accuracy", "Share of pairs where the chosen response wins. Healthy: climbs well "
                  "above 0.5; stuck at 0.5 is no preference learned, 1.0 early can mean the pairs are too easy.",

@@ -22,7 +22,14 @@ from exporter.dashboards.builders import (
     timeseries,
     value_mappings,
 )
-from exporter.dashboards.panels import detectors_panel, fundamentals, regime_panel, reward_targets, step_stats
+from exporter.dashboards.panels import (
+    detectors_panel,
+    fundamentals,
+    judgment_panels,
+    regime_panel,
+    reward_targets,
+    step_stats,
+)
 
 UID = "posttrain-grpo"
 # Queries that may legitimately return nothing on the fixtures: (dashboard uid, panel title, refId) -> why.
@@ -39,6 +46,7 @@ def grpo() -> dict:
     return dashboard(UID, "Post-training: GRPO",
                      "GRPO: reward std is primary, loss is relegated to anomalies.", [
         row("Run state", [
+            *judgment_panels(),
             *step_stats(w=4), regime_panel(w=12),
             state("Dead reward components",
                   "1 (orange) when a reward component's within-group std is below 0.01: it no longer gives "

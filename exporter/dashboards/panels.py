@@ -17,6 +17,7 @@ from exporter.dashboards.builders import (
     value_mappings,
 )
 from exporter.instruments.derived import REGIMES
+from exporter.judgment.story import RECOMMENDATIONS
 
 # posttrain_regime as one number per run, for a state timeline: each regime's text and color, in the order of
 # their numbers (unknown first, then from the healthiest to the most destructive). The names are the exporter's.
@@ -31,6 +32,43 @@ REGIME_STYLES: dict[str, tuple[str, str]] = {
 }
 REGIME_EXPR, REGIME_MAPPINGS = numbered_states(
     KEY, REGIME_STYLES, REGIMES, lambda name: series("posttrain_regime", after=(f'regime="{name}"',)))
+
+
+# posttrain_run_recommendation as one number per run: what to do next, from the calmest to the most urgent.
+RECOMMENDATION_STYLES: dict[str, tuple[str, str]] = {
+    "not_judged": ("not judged (no progress measure read)", "text"),
+    "continue": ("continue: still improving", "green"),
+    "stop": ("stop: run its course, keep the checkpoint", "blue"),
+    "investigate": ("investigate: something changed", "orange"),
+    "stop_now": ("stop now: training is destructive", "red"),
+}
+RECOMMENDATION_EXPR, RECOMMENDATION_MAPPINGS = numbered_states(
+    KEY, RECOMMENDATION_STYLES, RECOMMENDATIONS,
+    lambda name: series("posttrain_run_recommendation", after=(f'recommendation="{name}"',)))
+
+
+def judgment_panels() -> list[dict]:
+    """The judgment of the run, first on every board: what to do next, whether the task is learnt, the checkpoint
+    to keep (one row, 24 wide)."""
+    return [
+        state("What to do next",
+              "The exporter's judgment of the run as a whole, as an experienced practitioner reads it: continue "
+              "while it improves; stop once it has run its course (converged, nothing left to learn, the task not "
+              "learnt) and keep the checkpoint beside; stop now when continuing makes the model worse; investigate "
+              "an abrupt change. /api/v1/verdict and `report` say why and what to change.",
+              [t(RECOMMENDATION_EXPR)], mappings=RECOMMENDATION_MAPPINGS, w=12, h=4),
+        state("Learning its task",
+              "Whether the run learns its task: red when its progress measure never rose beyond its noise, or rose "
+              "only through reward components near their ceiling from the start while another never fired (a "
+              "reward curve that looks fine and teaches nothing). Absent while it is too early to say.",
+              [t(by_run("max", series("posttrain_run_learning")))],
+              mappings=value_mappings([("not learning", "red"), ("learning", "green")]),
+              steps=[(None, "red"), (1, "green")], w=8, h=4),
+        stat("Checkpoint to keep",
+             "Step of the checkpoint the judgment says to keep: the saved one nearest the run's best step (before "
+             "its first sign of trouble when it must stop now). Empty when none is better than the starting model.",
+             [t(by_run("max", series("posttrain_checkpoint_keep_step")))], decimals=0, w=4, h=4),
+    ]
 
 
 def step_stat(w: int = 4) -> dict:

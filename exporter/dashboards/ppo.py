@@ -16,14 +16,22 @@ from exporter.dashboards.builders import (
     thr,
     timeseries,
 )
-from exporter.dashboards.panels import detectors_panel, fundamentals, regime_panel, reward_targets, step_stats
+from exporter.dashboards.panels import (
+    detectors_panel,
+    fundamentals,
+    judgment_panels,
+    regime_panel,
+    reward_targets,
+    step_stats,
+)
 
 
 def ppo() -> dict:
     return dashboard("posttrain-ppo", "Post-training: PPO",
                      "PPO: reward dynamics, KL health, policy ratio and clip "
                      "fraction, value function, fundamentals.", [
-        row("Run state", [*step_stats(w=4), regime_panel(w=12), detectors_panel()]),
+        row("Run state", [
+            *judgment_panels(),*step_stats(w=4), regime_panel(w=12), detectors_panel()]),
         row("Reward dynamics and KL", [
             timeseries("Reward-model score",
                        "The reward model's raw score, smoothed and its peak. Never trust it alone: a score that "

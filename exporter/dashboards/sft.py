@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from exporter.dashboards.builders import by_run, by_step, dashboard, row, series, stat, step_row, t, timeseries
-from exporter.dashboards.panels import detectors_panel, step_stat
+from exporter.dashboards.panels import detectors_panel, judgment_panels, step_stat
 
 
 def sft() -> dict:
     return dashboard("posttrain-sft", "Post-training: SFT",
                      "Supervised fine-tuning fundamentals: loss, gradients, learning rate, accuracy, entropy.", [
         row("Run state", [
+            *judgment_panels(),
             step_stat(w=8),
             stat("Epoch", "Training epoch (fractional).", [t(by_run("max", series("posttrain_epoch")))],
                  decimals=2, w=8),
