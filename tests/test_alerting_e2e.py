@@ -121,6 +121,9 @@ def test_kl_blowup_pages_and_a_healthy_log_does_not(stack: E2E, webhook: Webhook
     # The description says what the exporter's detector saw: the median KL of the last 5 logged steps.
     desc = page["annotations"]["description"]
     assert f"is {BLOWN_KL}, above the stop threshold of 1" in desc, desc
+    # A page that says which checkpoint to keep reads the judgment's step by the page's run and instance.
+    keep = f'posttrain_checkpoint_keep_step{{run="{RUN}",instance="{page["labels"]["instance"]}"}}'
+    assert stack.query(keep), f"{keep}: no such series for a description to read"
     # Warnings go to the chat, pages never: the demo run's correctness reward never fires (its own warning).
     chat = webhook.alerts("chat")
     assert all(a["labels"]["severity"] == "warning" for a in chat), f"a page went to the chat receiver: {chat}"

@@ -128,7 +128,7 @@ def test_grpo_board_follows_the_seeds() -> None:
     kl = " ".join(tg["expr"] for tg in panels["KL divergence"]["targets"])
     assert 'posttrain_threshold{instrument="kl"' in kl
     assert panels["KL-versus-reward regime"]["type"] == "state-timeline"
-    assert "posttrain_reward_peak_step" in panels["Best step (reward peak)"]["targets"][0]["expr"]
+    assert "posttrain_reward_peak_step" in panels["Reward peak step"]["targets"][0]["expr"]
     for derived in ("posttrain_reward_std_headroom", "posttrain_clip_asymmetry", "posttrain_entropy_acceleration",
                     "posttrain_completion_length_baseline_ratio", 'posttrain_trend{instrument="reward"'):
         assert any(derived in tg["expr"] for _, tg in targets(BOARDS["grpo"])), derived

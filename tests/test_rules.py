@@ -153,6 +153,17 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
     assert (firing | quiet) - set(ALERT_NAMES) == set(), "unit tests of alerts that do not exist"
 
 
+def test_an_alert_that_says_to_keep_a_checkpoint_names_its_step() -> None:
+    """The destructive and peaked-and-fell pages tell the on-call engineer which checkpoint to keep: the judgment's
+    step (posttrain_checkpoint_keep_step) of the alert's own run and instance, as it is sent."""
+    rules = {r["alert"]: r for _, r in ALERTS}
+    for name in ("PostTrainDestructiveRegime", "PostTrainRewardPeakedAndFell"):
+        desc = rules[name]["annotations"]["description"]
+        assert "(posttrain_checkpoint_keep_step, now step {{ with printf " in desc, name
+        assert 'posttrain_checkpoint_keep_step{run=%q,instance=%q}" $labels.run $labels.instance | query' in \
+            desc.replace("\\", ""), name
+
+
 # --- the conventions of the monitoring mixins ---------------------------------------------------------
 
 

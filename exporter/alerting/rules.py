@@ -63,6 +63,9 @@ def _query(selector: str, fmt: str, sub: str | None = None) -> str:
 
 
 STEP = _query("posttrain_step{}", "%.0f")
+KEEP = _query("posttrain_checkpoint_keep_step{}", "%.0f")
+# A description that names the judgment's checkpoint says its step as the alert is sent.
+KEEP_NAMED = "(posttrain_checkpoint_keep_step)"
 
 
 def _detector_query(d: Detector, metric: str, fmt: str) -> str:
@@ -79,6 +82,7 @@ def _fill(text: str, d: Detector) -> str:
     fmt = "pct" if d.percent else "%.3g"
     out = text.replace("{value}", _detector_query(d, "value", fmt)).replace("{limit}", _detector_query(d, "limit", fmt))
     out = out.replace("{run}", "{{ $labels.run }}").replace("{component}", "{{ $labels.component }}")
+    out = out.replace(KEEP_NAMED, f"(posttrain_checkpoint_keep_step, now step {KEEP})")
     while "{threshold." in out:
         start = out.index("{threshold.")
         end = out.index("}", start)

@@ -79,9 +79,11 @@ def step_stat(w: int = 4) -> dict:
 def step_stats(w: int = 4) -> list[dict]:
     return [
         step_stat(w),
-        stat("Best step (reward peak)",
-             "Step of the highest smoothed reward so far: the checkpoint to keep. Far behind the current step "
-             "means the model was better earlier: a peak followed by decline.",
+        stat("Reward peak step",
+             "Step of the highest smoothed reward so far (mean of the last logged rewards). Far behind the current "
+             "step means the model was better earlier: a peak followed by decline. The checkpoint to keep is the "
+             "judgment's (Checkpoint to keep): on a plateau it takes the plateau's first step, not a later noisy "
+             "high.",
              [t(by_run("max", series("posttrain_reward_peak_step")))], decimals=0, w=w),
         stat("Reward drawdown from peak",
              "Peak smoothed reward minus the current one. Zero while improving; above zero for long means "

@@ -512,7 +512,7 @@ DETECTORS: tuple[Detector, ...] = (
         saw="KL to the reference is above the warning threshold and rising, and the reward is falling over "
             "their windows of logged steps",
         meaning="The model is getting worse and moving away from a known-good reference: stop, and keep the "
-                "best checkpoint (posttrain_reward_peak_step).", reads=(KL,)),
+                "checkpoint the judgment names (posttrain_checkpoint_keep_step).", reads=(KL,)),
     Detector(
         "nonfinite_loss_or_kl", "PostTrainNonFiniteLossOrKL", "critical", "loss", NONFINITE, nonfinite, 1,
         help="Loss or KL logged as NaN or infinite on 2 of the last 3 logged steps (consecutive ones, or every "
@@ -554,8 +554,8 @@ DETECTORS: tuple[Detector, ...] = (
         basis="a peak followed by a decline beyond the reward's noise: the best checkpoint is behind",
         summary="Reward peaked and fell in run {run}.",
         saw="the smoothed reward is {value} below its best so far, more than twice its recent noise ({limit})",
-        meaning="The model was better earlier: the checkpoint at posttrain_reward_peak_step is the one to keep, "
-                "and continuing is actively harmful."),
+        meaning="The model was better earlier: keep the checkpoint the judgment names "
+                "(posttrain_checkpoint_keep_step); continuing is actively harmful."),
     Detector(
         "reward_std_falling", "PostTrainRewardStdFalling", "warning", "reward_std", REWARD_STD,
         reward_std_falling, 3,
