@@ -175,7 +175,9 @@ def test_a_diverging_grpo_run_is_stopped_by_the_stop_file(tiny_model: Path, tmp_
     history = log_history(out)
     stopped = json.loads((out / "trainer_state.json").read_text())["global_step"]
     assert signal_step < stopped <= signal_step + STOP_SLACK_STEPS < MAX_STEPS, (signal_step, stopped, wall)
-    assert _stopped_at(res) == (stopped, f"{stop['reason']} (from {stop_file})")
+    # and what to do: the exporter's judgment as the stop was written (stop now, the checkpoint, what to change)
+    assert stop["what_to_do"].startswith("Stop the run: continuing makes the model worse."), stop
+    assert _stopped_at(res) == (stopped, f"{stop['reason']} (from {stop_file}). What to do: {stop['what_to_do']}")
     assert f"stopped_by: {stop['reason']}" in res.stdout.decode()
     assert [e["step"] for e in history] == [r["step"] for r in feed_records(feed)]
     assert history[-2]["step"] == stopped and "kl" in history[-2]  # the step it stopped at is logged and fed
@@ -201,7 +203,7 @@ def test_a_diverging_grpo_run_is_stopped_by_the_verdict_endpoint(tiny_model: Pat
     page = _kl_page(feed)
     assert page["first_step"] < stopped <= page["first_step"] + STOP_SLACK_STEPS, (page, stopped)
     assert why.startswith("PostTrainKLCritical (critical) at step ")
-    assert why.endswith(f"(from http://127.0.0.1:{port}/api/v1/verdict)")
+    assert f"(from http://127.0.0.1:{port}/api/v1/verdict). What to do: Stop the run" in why, why
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == stopped
     assert not (tmp_path / "posttrain-stop.json").exists()
 

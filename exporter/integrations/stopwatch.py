@@ -40,6 +40,7 @@ class StopNotice:
     reason: str
     source: str  # the stop file or the verdict URL
     training: str | None = None  # the id of the training it is about, when the exporter knows it
+    what_to_do: str | None = None  # the exporter's judgment: the checkpoint to keep, what to change
 
     def about(self, training: str | None, step: int | None) -> bool:
         """Whether it is a stop for the training `training` (its id) now at `step` (None: not checked)."""
@@ -129,7 +130,7 @@ def notice_of_stop_file(doc: Any, source: str) -> StopNotice | None:
     alerts = tuple(str(a["alert"]) for a in doc.get("alerts") or [] if isinstance(a, dict) and "alert" in a)
     step = doc.get("step")
     return StopNotice(_str_or_none(doc.get("run")), step if isinstance(step, int) else None, alerts, doc["reason"],
-                      source, _training_id(doc))
+                      source, _training_id(doc), _text_or_none(doc.get("what_to_do")))
 
 
 def notice_of_verdict(doc: Any, source: str, run: str | None, severity: str,
@@ -151,8 +152,10 @@ def notice_of_verdict(doc: Any, source: str, run: str | None, severity: str,
         step = r.get("step")
         reason = (f"{first.get('alert')} ({first.get('severity')}) at step {step}, held since step "
                   f"{first.get('since_step')}: {first.get('summary')}{more}")
+        judged = r.get("judgment")
         return StopNotice(_str_or_none(r.get("run")), step if isinstance(step, int) else None,
-                          tuple(str(f.get("alert")) for f in found), reason, source, about)
+                          tuple(str(f.get("alert")) for f in found), reason, source, about,
+                          _text_or_none(judged.get("action")) if isinstance(judged, dict) else None)
     return None
 
 
@@ -236,3 +239,14 @@ def _training_id(doc: dict) -> str | None:
 
 def _str_or_none(v: object) -> str | None:
     return v if isinstance(v, str) else None
+
+
+MAX_WHAT_TO_DO = 2000  # characters of the judgment's action said in the trainer's log; a longer one is cut
+
+
+def _text_or_none(v: object) -> str | None:
+    """A text for the trainer's log: one line, at most MAX_WHAT_TO_DO characters."""
+    if not isinstance(v, str) or not v.strip():
+        return None
+    line = " ".join(v.split())
+    return line if len(line) <= MAX_WHAT_TO_DO else line[:MAX_WHAT_TO_DO - 3] + "..."
