@@ -384,3 +384,12 @@ def test_a_loss_jump_beside_a_learning_rate_step_names_the_step() -> None:
     assert re.search(r"the loss jumped [\d.]+x, beside the learning rate's step from 5e-05 to 0.0005 at step 30\d",
                      j.headline), j.headline
     assert "lr_scheduler_type" in j.action
+
+
+def test_trouble_on_a_plateau_keeps_the_plateaus_first_step() -> None:
+    """OpenRLHF's KL blow-up (fixture): the reward is flat from step ~128 and the KL page comes at 154. The
+    checkpoint to keep is the plateau's first step (as good, less drift), not a noisy high just before the page."""
+    v = _verdict(REPO / "tests" / "fixtures" / "openrlhf" / "grpo_v0_11_0_kl_blowup.log")
+    j = v.judgment
+    assert j.recommendation == "stop_now" and j.course.shape == "plateau"
+    assert j.keep.best_step == j.course.since_step < j.first_sign.step, (j.keep, j.course, j.first_sign)

@@ -70,9 +70,12 @@ def best_step(course: Course | None, steps: np.ndarray | None, levels: np.ndarra
     """The course's peak, or the peak of the same smoothing among the points before `before`."""
     if course is None or steps is None or levels is None or not len(steps):
         return last_step if before is None else max(before - 1, 0)
+    # on a plateau, its first step: later checkpoints are no better and further from the reference (also when the
+    # trouble came on the plateau: a noisy high before the sign is no better)
+    if course.shape == "plateau" and course.since_step is not None and (before is None or course.since_step < before):
+        return course.since_step
     if before is None:
-        # on a plateau, its first step: later checkpoints are no better and further from the reference
-        return course.since_step if course.shape == "plateau" and course.since_step is not None else course.peak_step
+        return course.peak_step
     keep = steps < before
     if not keep.any():
         return int(steps[0])
