@@ -3,8 +3,8 @@
 trainer's callback (exporter/integrations/trl.py) stops the training on it.
 
 The file holds the run, the training it is about (its identity, when the run's feed says: the callback obeys
-only a stop for its own training), its step, the findings that raised it, a one-line reason, and the judgment's
-what to do (the checkpoint to keep, what to change before a new run). It is written
+only a stop for its own training), its step, the findings that raised it, a one-line reason, and the judgment of
+the run as the stop was raised (what it says, the checkpoint to keep, what to change before a new run). It is written
 atomically (a temporary file in the same folder, renamed over it), so a reader sees the whole of it or nothing;
 written again when another finding joins, or one that had cleared comes back (each write is counted); and it stays
 after the findings clear: it is the record of a stop, removed by whoever starts the next training (the callback
@@ -90,8 +90,8 @@ class StopSignal:
             self.writes[run, "written"] += 1
             self._raised[_raised_key(run, doc["training"])] = frozenset((a["alert"], a["component"])
                                                                         for a in doc["alerts"])
-            log.warning("run %s: stop signal written to %s: %s. What to do: %s", run, path, doc["reason"],
-                        doc["what_to_do"])
+            log.warning("run %s: stop signal written to %s: %s. The exporter's judgment: %s %s", run, path,
+                        doc["reason"], doc["judgment"]["headline"], doc["judgment"]["action"])
 
 
 def stop_document(run: RunState, found: list[ActiveFinding]) -> dict[str, Any]:
@@ -102,7 +102,9 @@ def stop_document(run: RunState, found: list[ActiveFinding]) -> dict[str, Any]:
               f"{first.summary}{more}")
     judged = judgment_of(run)  # what to do once it stopped: the checkpoint to keep, what to change
     return {"run": run.name, "training": training_of(run), "step": run.step, "alerts": [f.as_json() for f in found],
-            "reason": reason, "what_to_do": judged.action, "keep": judged.keep.as_json() if judged.keep else None,
+            "reason": reason, "judgment": {"recommendation": judged.recommendation, "headline": judged.headline,
+                                           "action": judged.action,
+                                           "keep": judged.keep.as_json() if judged.keep else None},
             "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "exporter": f"posttrain-exporter {__version__}"}
 

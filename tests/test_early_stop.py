@@ -106,9 +106,11 @@ def test_the_stop_file_is_written_at_the_step_the_page_becomes_active(tmp_path: 
     assert first["alerts"][0]["since_step"] == kl_since and first["alerts"][0]["limit"] == 1.0
     assert first["reason"] == (f"PostTrainKLCritical (critical) at step {kl_start}, held since step {kl_since}: "
                                "KL divergence held beyond the stop threshold in run grpo.")
-    # what to do once it stopped, as the judgment says it then: stop, keep a checkpoint from before the page
-    assert first["what_to_do"].startswith("Stop the run: continuing makes the model worse. Keep "), first
-    assert first["keep"]["best_step"] < kl_start and "Before a new run: " in first["what_to_do"]
+    # what to do once it stopped, as the judgment says it then: stop now, keep a checkpoint from before the page
+    judged = first["judgment"]
+    assert judged["recommendation"] == "stop_now" and judged["headline"].startswith("Stop now: "), judged
+    assert judged["action"].startswith("Stop the run: continuing makes the model worse. Keep "), judged
+    assert judged["keep"]["best_step"] < kl_start and "Before a new run: " in judged["action"]
     # again when the second page joins, and when it comes back after it cleared: never for warnings
     std = found["PostTrainRewardStdCollapsed"]
     assert [w["step"] for w in written] == [kl_start, *(start for _, start, _ in std)]

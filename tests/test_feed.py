@@ -170,24 +170,25 @@ def test_notice_of_a_verdict() -> None:
     assert notice_of_verdict([1, 2], "url", None, "critical") is None
 
 
-def test_a_stop_says_what_to_do_in_one_bounded_line() -> None:
-    """The exporter's judgment comes with a stop (the stop file's what_to_do, the verdict's judgment.action) and
-    goes to the trainer's log as one line, however the file was written: cut at MAX_WHAT_TO_DO, never a crash."""
-    from exporter.integrations.stopwatch import MAX_WHAT_TO_DO, notice_of_stop_file
+def test_a_stop_says_the_exporters_judgment_in_one_bounded_line() -> None:
+    """The exporter's judgment comes with a stop (the stop file's and the verdict's `judgment`) and goes to the
+    trainer's log as one line, its headline then its action, however the file was written: cut at MAX_JUDGMENT,
+    never a crash."""
+    from exporter.integrations.stopwatch import MAX_JUDGMENT, notice_of_stop_file
 
-    said = "Stop the run: continuing makes the model worse.\nKeep checkpoint-40."
-    n = notice_of_stop_file({**_stop_doc(), "what_to_do": said}, "f")
-    assert n is not None and n.what_to_do == "Stop the run: continuing makes the model worse. Keep checkpoint-40."
-    huge = notice_of_stop_file({**_stop_doc(), "what_to_do": "x" * 100_000}, "f")
-    assert huge is not None and len(huge.what_to_do) == MAX_WHAT_TO_DO and huge.what_to_do.endswith("...")
-    for odd in (None, 7, ["a"], {"a": 1}, "  "):
-        got = notice_of_stop_file({**_stop_doc(), "what_to_do": odd}, "f")
-        assert got is not None and got.what_to_do is None, odd
-    verdict = {"runs": [{"run": "b", "step": 60, "judgment": {"action": "Stop the run."},
+    judged = {"headline": "Stop now: KL blew up.", "action": "Stop the run.\nKeep checkpoint-40."}
+    n = notice_of_stop_file({**_stop_doc(), "judgment": judged}, "f")
+    assert n is not None and n.judgment == "Stop now: KL blew up. Stop the run. Keep checkpoint-40."
+    huge = notice_of_stop_file({**_stop_doc(), "judgment": {"action": "x" * 100_000}}, "f")
+    assert huge is not None and len(huge.judgment) == MAX_JUDGMENT and huge.judgment.endswith("...")
+    for odd in (None, 7, ["a"], {"a": 1}, {"headline": 3, "action": "  "}, "Stop."):
+        got = notice_of_stop_file({**_stop_doc(), "judgment": odd}, "f")
+        assert got is not None and got.judgment is None, odd
+    verdict = {"runs": [{"run": "b", "step": 60, "judgment": {"headline": "Stop now.", "action": "Stop the run."},
                          "active": [{"alert": "PostTrainKLCritical", "severity": "critical", "since_step": 55}]}]}
-    assert notice_of_verdict(verdict, "url", None, "critical").what_to_do == "Stop the run."
+    assert notice_of_verdict(verdict, "url", None, "critical").judgment == "Stop now. Stop the run."
     verdict["runs"][0]["judgment"] = "nonsense"
-    assert notice_of_verdict(verdict, "url", None, "critical").what_to_do is None
+    assert notice_of_verdict(verdict, "url", None, "critical").judgment is None
 
 
 def test_verdict_url() -> None:

@@ -175,9 +175,11 @@ def test_a_diverging_grpo_run_is_stopped_by_the_stop_file(tiny_model: Path, tmp_
     history = log_history(out)
     stopped = json.loads((out / "trainer_state.json").read_text())["global_step"]
     assert signal_step < stopped <= signal_step + STOP_SLACK_STEPS < MAX_STEPS, (signal_step, stopped, wall)
-    # and what to do: the exporter's judgment as the stop was written (stop now, the checkpoint, what to change)
-    assert stop["what_to_do"].startswith("Stop the run: continuing makes the model worse."), stop
-    assert _stopped_at(res) == (stopped, f"{stop['reason']} (from {stop_file}). What to do: {stop['what_to_do']}")
+    # and the exporter's judgment as the stop was written (stop now, the checkpoint, what to change)
+    judged = stop["judgment"]
+    assert judged["recommendation"] == "stop_now" and judged["action"].startswith("Stop the run: "), judged
+    assert _stopped_at(res) == (stopped, f"{stop['reason']} (from {stop_file}). The exporter's judgment: "
+                                         f"{judged['headline']} {judged['action']}")
     assert f"stopped_by: {stop['reason']}" in res.stdout.decode()
     assert [e["step"] for e in history] == [r["step"] for r in feed_records(feed)]
     assert history[-2]["step"] == stopped and "kl" in history[-2]  # the step it stopped at is logged and fed
@@ -203,7 +205,7 @@ def test_a_diverging_grpo_run_is_stopped_by_the_verdict_endpoint(tiny_model: Pat
     page = _kl_page(feed)
     assert page["first_step"] < stopped <= page["first_step"] + STOP_SLACK_STEPS, (page, stopped)
     assert why.startswith("PostTrainKLCritical (critical) at step ")
-    assert f"(from http://127.0.0.1:{port}/api/v1/verdict). What to do: Stop the run" in why, why
+    assert f"(from http://127.0.0.1:{port}/api/v1/verdict). The exporter's judgment: Stop now: " in why, why
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == stopped
     assert not (tmp_path / "posttrain-stop.json").exists()
 

@@ -40,7 +40,7 @@ class StopNotice:
     reason: str
     source: str  # the stop file or the verdict URL
     training: str | None = None  # the id of the training it is about, when the exporter knows it
-    what_to_do: str | None = None  # the exporter's judgment: the checkpoint to keep, what to change
+    judgment: str | None = None  # the exporter's judgment: what it says of the run, the checkpoint, what to change
 
     def about(self, training: str | None, step: int | None) -> bool:
         """Whether it is a stop for the training `training` (its id) now at `step` (None: not checked)."""
@@ -130,7 +130,7 @@ def notice_of_stop_file(doc: Any, source: str) -> StopNotice | None:
     alerts = tuple(str(a["alert"]) for a in doc.get("alerts") or [] if isinstance(a, dict) and "alert" in a)
     step = doc.get("step")
     return StopNotice(_str_or_none(doc.get("run")), step if isinstance(step, int) else None, alerts, doc["reason"],
-                      source, _training_id(doc), _text_or_none(doc.get("what_to_do")))
+                      source, _training_id(doc), _judgment_text(doc.get("judgment")))
 
 
 def notice_of_verdict(doc: Any, source: str, run: str | None, severity: str,
@@ -152,10 +152,9 @@ def notice_of_verdict(doc: Any, source: str, run: str | None, severity: str,
         step = r.get("step")
         reason = (f"{first.get('alert')} ({first.get('severity')}) at step {step}, held since step "
                   f"{first.get('since_step')}: {first.get('summary')}{more}")
-        judged = r.get("judgment")
         return StopNotice(_str_or_none(r.get("run")), step if isinstance(step, int) else None,
                           tuple(str(f.get("alert")) for f in found), reason, source, about,
-                          _text_or_none(judged.get("action")) if isinstance(judged, dict) else None)
+                          _judgment_text(r.get("judgment")))
     return None
 
 
@@ -241,12 +240,16 @@ def _str_or_none(v: object) -> str | None:
     return v if isinstance(v, str) else None
 
 
-MAX_WHAT_TO_DO = 2000  # characters of the judgment's action said in the trainer's log; a longer one is cut
+MAX_JUDGMENT = 2000  # characters of the exporter's judgment said in the trainer's log; a longer one is cut
 
 
-def _text_or_none(v: object) -> str | None:
-    """A text for the trainer's log: one line, at most MAX_WHAT_TO_DO characters."""
-    if not isinstance(v, str) or not v.strip():
+def _judgment_text(judged: object) -> str | None:
+    """The judgment of a stop file or a verdict ({"headline", "action", ...}) for the trainer's log: its headline
+    and its action in one line of at most MAX_JUDGMENT characters; None where it holds neither as text."""
+    if not isinstance(judged, dict):
         return None
-    line = " ".join(v.split())
-    return line if len(line) <= MAX_WHAT_TO_DO else line[:MAX_WHAT_TO_DO - 3] + "..."
+    parts = [v for v in (judged.get("headline"), judged.get("action")) if isinstance(v, str) and v.strip()]
+    if not parts:
+        return None
+    line = " ".join(" ".join(parts).split())
+    return line if len(line) <= MAX_JUDGMENT else line[:MAX_JUDGMENT - 3] + "..."

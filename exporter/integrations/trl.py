@@ -131,7 +131,8 @@ class ExporterFeedCallback(TrainerCallback):
         control.should_training_stop = True
         control.should_log = True  # the step it stopped at is logged (and so fed), as the last step of a run is
         log.warning("posttrain-exporter: stopping the training at step %d: %s (from %s)%s", state.global_step,
-                    notice.reason, notice.source, f". What to do: {notice.what_to_do}" if notice.what_to_do else "")
+                    notice.reason, notice.source,
+                    f". The exporter's judgment: {notice.judgment}" if notice.judgment else "")
 
     @_never_raises
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
