@@ -90,8 +90,9 @@ class StopSignal:
             self.writes[run, "written"] += 1
             self._raised[_raised_key(run, doc["training"])] = frozenset((a["alert"], a["component"])
                                                                         for a in doc["alerts"])
-            log.warning("run %s: stop signal written to %s: %s. The exporter's judgment: %s %s", run, path,
-                        doc["reason"], doc["judgment"]["headline"], doc["judgment"]["action"])
+            judged = doc["judgment"]
+            log.warning("run %s: stop signal written to %s: %s%s", run, path, doc["reason"],
+                        f". The exporter's judgment: {judged['headline']} {judged['action']}" if judged else "")
 
 
 def stop_document(run: RunState, found: list[ActiveFinding]) -> dict[str, Any]:
@@ -100,13 +101,24 @@ def stop_document(run: RunState, found: list[ActiveFinding]) -> dict[str, Any]:
     where = f" [{first.component}]" if first.component else ""
     reason = (f"{first.alert}{where} ({first.severity}) at step {run.step}, held since step {first.since_step}: "
               f"{first.summary}{more}")
-    judged = judgment_of(run)  # what to do once it stopped: the checkpoint to keep, what to change
     return {"run": run.name, "training": training_of(run), "step": run.step, "alerts": [f.as_json() for f in found],
-            "reason": reason, "judgment": {"recommendation": judged.recommendation, "headline": judged.headline,
-                                           "action": judged.action,
-                                           "keep": judged.keep.as_json() if judged.keep else None},
+            "reason": reason, "judgment": _judgment(run),
             "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "exporter": f"posttrain-exporter {__version__}"}
+
+
+JUDGMENT_KEYS = ("recommendation", "headline", "action", "keep")
+
+
+def _judgment(run: RunState) -> dict[str, Any] | None:
+    """What to do once it stopped (the judgment's recommendation, headline, action and checkpoint to keep); None,
+    with the error logged, where the judgment fails: the stop is written all the same."""
+    try:
+        judged = judgment_of(run).as_json()
+    except Exception:
+        log.exception("run %s: the judgment failed; the stop file is written without it", run.name)
+        return None
+    return {k: judged[k] for k in JUDGMENT_KEYS}
 
 
 def _raised_key(run: str, training: dict[str, Any] | None) -> Raised:

@@ -118,6 +118,25 @@ def test_the_stop_file_is_written_at_the_step_the_page_becomes_active(tmp_path: 
     assert signal.writes["grpo", "written"] == len(written) and signal.writes["grpo", "failed"] == 0
 
 
+def test_a_judgment_that_fails_never_holds_up_the_stop(tmp_path: Path, monkeypatch, caplog) -> None:
+    """The stop file is what stops the trainer; the judgment only explains it. A judgment that raises is logged and
+    the file is written without it, at the same step."""
+    import exporter.stopsignal as stopsignal
+
+    def broken(run):
+        raise RuntimeError("judgment bug")
+
+    expected, _ = _writes_step_by_step(tmp_path, {"file": str(tmp_path / "stop.json")})
+    monkeypatch.setattr(stopsignal, "judgment_of", broken)
+    other = tmp_path / "broken"
+    other.mkdir()
+    with caplog.at_level(logging.ERROR, logger="exporter.stopsignal"):
+        written, signal = _writes_step_by_step(other, {"file": str(other / "stop.json")})
+    assert [w["step"] for w in written] == [w["step"] for w in expected]
+    assert all(w["judgment"] is None for w in written) and signal.writes["grpo", "failed"] == 0
+    assert any("the judgment failed; the stop file is written without it" in r.getMessage() for r in caplog.records)
+
+
 def test_severity_and_detectors_choose_what_stops(tmp_path: Path) -> None:
     found = _report_findings()
     warn, chosen = tmp_path / "warning", tmp_path / "chosen"

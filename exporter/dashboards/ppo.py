@@ -30,8 +30,7 @@ def ppo() -> dict:
     return dashboard("posttrain-ppo", "Post-training: PPO",
                      "PPO: reward dynamics, KL health, policy ratio and clip "
                      "fraction, value function, fundamentals.", [
-        row("Run state", [
-            *judgment_panels(),*step_stats(w=4), regime_panel(w=12), detectors_panel()]),
+        row("Run state", [*judgment_panels(), *step_stats(w=4), regime_panel(w=12), detectors_panel()]),
         row("Reward dynamics and KL", [
             timeseries("Reward-model score",
                        "The reward model's raw score, smoothed and its peak. Never trust it alone: a score that "

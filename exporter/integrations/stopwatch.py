@@ -124,7 +124,7 @@ class StopFileWatch:
 
 
 def notice_of_stop_file(doc: Any, source: str) -> StopNotice | None:
-    """The exporter's stop file as a notice: {"run", "step", "alerts": [{"alert", ...}], "reason"}."""
+    """The exporter's stop file as a notice: {"run", "step", "alerts": [{"alert", ...}], "reason", "judgment"}."""
     if not isinstance(doc, dict) or not isinstance(doc.get("reason"), str):
         return None
     alerts = tuple(str(a["alert"]) for a in doc.get("alerts") or [] if isinstance(a, dict) and "alert" in a)

@@ -10,13 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
-
 from exporter.judgment import aspects as say
 from exporter.judgment.aspects import fmt, pct
 from exporter.judgment.checkpoints import Keep, keep_of
 from exporter.judgment.course import Course, course_of
-from exporter.judgment.loss import NEAR as LOSS_NEAR
 from exporter.judgment.loss import LossPattern, loss_pattern, lr_steps
 from exporter.judgment.measure import LOSS, arrays, progress_arrays
 from exporter.judgment.recommend import SILENT, calls_for, headline, recommend
@@ -131,7 +128,7 @@ def judge_run(run: RunState, found: Sequence[FindingLike], unjudged: Sequence[st
     if loss is not None:
         said["loss"] = say.loss_text(loss, what)
         if loss.shape == "discontinuity" and loss.step is not None:
-            beside = _lr_change_beside(run, loss.step, lr_changes)
+            beside = loss.lr_step
             why = (f"beside the learning rate's step from {fmt(beside[1])} to {fmt(beside[2])} at step {beside[0]}"
                    if beside else "a learning-rate step, a data shift or an update blowing up")
             story.append(Event(loss.step, f"the loss's size jumped from {fmt(loss.before)} to {fmt(loss.after)} "
@@ -215,17 +212,6 @@ def _lr_changes(run: RunState) -> list[tuple[int, float, float]]:
     got = arrays(run, LEARNING_RATE)
     t = run.trajectories.get(LEARNING_RATE)
     return lr_steps(*got) if got is not None and t is not None and t.width == 1 else []
-
-
-def _lr_change_beside(run: RunState, step: int, lr_changes: list[tuple[int, float, float]]
-                      ) -> tuple[int, float, float] | None:
-    """The learning-rate step nearest a loss jump, if it is within a few logged steps of it (loss.NEAR points)."""
-    if not lr_changes:
-        return None
-    got = arrays(run, LOSS)
-    gap = float(np.median(np.diff(got[0]))) if got is not None and len(got[0]) > 1 else 1.0
-    near = min(lr_changes, key=lambda c: abs(c[0] - step))
-    return near if abs(near[0] - step) <= LOSS_NEAR * gap else None
 
 
 def _loss(run: RunState, what: str, lr_changes: list[tuple[int, float, float]]) -> LossPattern | None:

@@ -32,6 +32,7 @@ class LossPattern:
     before: float  # median |loss| before and after it
     after: float
     flips: float  # share of successive points that changed sign
+    lr_step: tuple[int, float, float] | None = None  # the learning-rate step the discontinuity sits beside
 
 
 def lr_steps(steps: np.ndarray, rates: np.ndarray) -> list[tuple[int, float, float]]:
@@ -77,12 +78,25 @@ def discontinuity(steps: np.ndarray, values: np.ndarray, near: list[int] | None 
             continue
         if near is None and not shift[j] >= BACKGROUND * typical:
             continue
-        if near is not None and not any(abs(int(np.searchsorted(steps, s)) - i) <= NEAR for s in near):
+        if near is not None and not any(_beside(steps, s, i) for s in near):
             continue
         r, rn = a / b, near_after / near_before
         if (r >= JUMP_UP and rn >= JUMP_UP_NEAR) or (r <= JUMP_DOWN and rn <= JUMP_DOWN_NEAR):
             return int(steps[i]), b, a
     return None
+
+
+def _beside(steps: np.ndarray, step: int, i: int) -> bool:
+    """Whether `step` is within NEAR logged points of the i-th one."""
+    return abs(int(np.searchsorted(steps, step)) - i) <= NEAR
+
+
+def lr_step_beside(steps: np.ndarray, step: int, lr_changes: list[tuple[int, float, float]]
+                   ) -> tuple[int, float, float] | None:
+    """The learning-rate step (lr_steps()) nearest the logged step `step`, if it is within NEAR logged points."""
+    i = int(np.searchsorted(steps, step))
+    near = [c for c in lr_changes if _beside(steps, c[0], i)]
+    return min(near, key=lambda c: abs(c[0] - step)) if near else None
 
 
 def loss_pattern(steps: np.ndarray, values: np.ndarray, surrogate: bool,
@@ -99,7 +113,8 @@ def loss_pattern(steps: np.ndarray, values: np.ndarray, surrogate: bool,
     elif lr_changes:
         jump = discontinuity(steps, values, [s for s, _, _ in lr_changes])
     if jump is not None:
-        return LossPattern("discontinuity", jump[0], jump[1], jump[2], flips)
+        return LossPattern("discontinuity", jump[0], jump[1], jump[2], flips,
+                           lr_step_beside(steps, jump[0], list(lr_changes)))
     mean, se = float(values.mean()), float(values.std()) / math.sqrt(n)
     if flips >= OSCILLATING_FLIPS and abs(mean) < 2 * se:
         return LossPattern("oscillating", None, math.nan, math.nan, flips)
